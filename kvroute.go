@@ -1,0 +1,194 @@
+// Package kvroute holds the domain of a KV-cache-aware request router: the
+// replicas it routes to, the block keys it indexes, the overlap and load it
+// scores on, and the decisions it makes. Subpackages wrap one dependency each
+// (store: Redis, ingestor: ZeroMQ, api: HTTP, tokenizer: tokenizer files) or
+// one pure concern (scoring, sim); this package depends on none of them so
+// that every other package can share these types without import cycles.
+package kvroute
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultBlockSize is vLLM's CacheConfig.DEFAULT_BLOCK_SIZE. It is only a
+// fallback: the block size a replica really uses is read from its events.
+const DefaultBlockSize = 16
+
+// Tier says where a cached block lives. Host-tier blocks must be copied back
+// to the GPU before they help, so scoring credits them at a lower weight.
+type Tier uint8
+
+const (
+	// TierGPU is the engine's own KV cache (vLLM medium "GPU" or nil).
+	TierGPU Tier = iota
+	// TierHost is any offloaded tier (vLLM medium "CPU", disk, remote).
+	TierHost
+)
+
+// TierOf maps a vLLM event's medium to a tier. vLLM sends nil (empty here)
+// or "GPU" for the engine cache; every other medium is an offload tier.
+func TierOf(medium string) Tier {
+	switch medium {
+	case "", "GPU", "gpu", "cuda", "CUDA":
+		return TierGPU
+	}
+	return TierHost
+}
+
+func (t Tier) String() string {
+	if t == TierGPU {
+		return "gpu"
+	}
+	return "host"
+}
+
+// Health is what the ingestor last learned about a replica. Routing excludes
+// a replica the moment it is not healthy; its index entries survive a grace
+// period so that a brief blip does not throw its cache away.
+type Health string
+
+const (
+	HealthUnknown   Health = ""
+	HealthHealthy   Health = "healthy"
+	HealthUnhealthy Health = "unhealthy"
+)
+
+// Replica is one vLLM server. Events is its ZeroMQ PUB endpoint (empty for a
+// replica that publishes no events: it is then routed on approximate entries
+// only); Replay is its ROUTER endpoint for missed batches.
+type Replica struct {
+	ID     string            `json:"id"`
+	Model  string            `json:"model"`
+	URL    string            `json:"url"`
+	Events string            `json:"events,omitempty"`
+	Replay string            `json:"replay,omitempty"`
+	Topic  string            `json:"topic,omitempty"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Health Health            `json:"health,omitempty"`
+	// Checked is when Health was last set; zero means never probed.
+	Checked time.Time `json:"checked,omitzero"`
+}
+
+// Routable reports whether the replica may receive traffic. A replica nobody
+// has probed yet counts as routable: a fresh deployment without an ingestor
+// must still work, and the first failed probe excludes it.
+func (r Replica) Routable() bool { return r.Health != HealthUnhealthy }
+
+// Validate checks what every writer of the registry must get right.
+func (r Replica) Validate() error {
+	switch {
+	case r.ID == "":
+		return &FieldError{Field: "id", Msg: "is required"}
+	case !validID(r.ID):
+		return &FieldError{Field: "id", Msg: "may only contain letters, digits and . _ -"}
+	case r.Model == "":
+		return &FieldError{Field: "model", Msg: "is required"}
+	case r.URL == "":
+		return &FieldError{Field: "url", Msg: "is required"}
+	}
+	return nil
+}
+
+func validID(s string) bool {
+	if len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Overlap is how many leading blocks of a request one replica holds. The
+// match stops at the first block the replica lacks: block d is useless to an
+// engine that does not also hold blocks 0..d-1.
+type Overlap struct {
+	// GPU counts leading blocks held in the engine's own cache.
+	GPU int `json:"gpu"`
+	// Any counts leading blocks held in any tier (GPU or offloaded); Any >= GPU.
+	Any int `json:"any"`
+	// Approx counts leading blocks the router itself sent to this replica
+	// recently; it stands in for replicas that publish no events.
+	Approx int `json:"approx"`
+}
+
+// Load is the work a replica already owes, in KV blocks, as every scoring pod
+// sees it. Booked values come from router leases; Waiting, Running and
+// KVUsage are scraped from the replica's /metrics and catch traffic that
+// bypassed the router.
+type Load struct {
+	PrefillBlocks int64   `json:"prefill_blocks"`
+	DecodeBlocks  int64   `json:"decode_blocks"`
+	Requests      int64   `json:"requests"`
+	Waiting       int64   `json:"waiting,omitempty"`
+	Running       int64   `json:"running,omitempty"`
+	KVUsage       float64 `json:"kv_usage,omitempty"`
+	// Version changes on every booking on the replica. A decision books only
+	// if the version it scored on is still current, so that a burst of
+	// simultaneous decisions from many pods spreads instead of herding.
+	Version int64 `json:"-"`
+}
+
+// Lease is the load one decision booked. It expires on its own so that a
+// scoring pod that dies mid-request cannot leak load.
+type Lease struct {
+	RequestID     string    `json:"request_id"`
+	Model         string    `json:"model"`
+	Replica       string    `json:"replica"`
+	PrefillBlocks int64     `json:"prefill_blocks"`
+	DecodeBlocks  int64     `json:"decode_blocks"`
+	Expires       time.Time `json:"expires"`
+}
+
+// OpKind is the kind of one index operation.
+type OpKind uint8
+
+const (
+	// OpStore adds one reference to (replica, Key, Tier).
+	OpStore OpKind = iota + 1
+	// OpRemove drops one reference to the block the replica knows by EngineHash.
+	OpRemove
+	// OpClear forgets everything the replica holds.
+	OpClear
+)
+
+// IndexOp is one change to a replica's entries, translated from an engine
+// event. The store never sees engine events, only these.
+type IndexOp struct {
+	Kind OpKind
+	// EngineHash is the replica's own hash of the block; removals arrive
+	// under it and the store maps it back to Key.
+	EngineHash uint64
+	// Key is the router's key of the block (OpStore only).
+	Key BlockKey
+	// Parent is the router key of the block before Key, or NoParent when Key
+	// is the first block of a prompt (OpStore only).
+	Parent BlockKey
+	Tier   Tier
+}
+
+// Sentinel errors, mapped to HTTP status in one place in api.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrNoReplica    = errors.New("no routable replica")
+	ErrUnavailable  = errors.New("state store unavailable")
+	ErrInvalidInput = errors.New("invalid input")
+)
+
+// FieldError is bad input attributable to one request field; api turns it
+// into a 400 whose body names the field.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s %s", e.Field, e.Msg) }
+
+// Unwrap lets callers test errors.Is(err, ErrInvalidInput).
+func (e *FieldError) Unwrap() error { return ErrInvalidInput }
