@@ -1,0 +1,357 @@
+// Package scoring decides which replica serves a request. It is pure: no I/O,
+// no clock, and no randomness it is not handed. The HTTP API, the offline
+// simulator and the tests all call Pick, so there is exactly one cost
+// function in kvroute and what the simulator shows is what production does.
+package scoring
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Policy names a way of choosing among candidates.
+type Policy string
+
+const (
+	// PolicyKV is NVIDIA Dynamo's blended cost: uncached prefill after an
+	// overlap credit, plus the decode work a replica already owes.
+	PolicyKV Policy = "kv"
+	// PolicyHardSwitch is SGLang's gateway rule: shortest queue while the
+	// fleet is imbalanced, longest prefix match otherwise.
+	PolicyHardSwitch Policy = "hard-switch"
+	// PolicyPureAffinity maximizes overlap and ignores load. It exists to
+	// show herding; never run it in production.
+	PolicyPureAffinity Policy = "pure-affinity"
+	// PolicySession pins a session to a replica by consistent hashing.
+	PolicySession Policy = "session"
+	// PolicyLeastLoad is the kv cost with no overlap credit (Dynamo's
+	// --load-aware preset): load balancing that ignores caches.
+	PolicyLeastLoad Policy = "least-load"
+	// PolicyRoundRobin cycles through routable replicas.
+	PolicyRoundRobin Policy = "round-robin"
+	// PolicyPowerOfTwo samples two replicas and takes the less loaded.
+	PolicyPowerOfTwo Policy = "power-of-two"
+)
+
+// Policies lists every policy, in the order tables and help text show them.
+var Policies = []Policy{PolicyKV, PolicyHardSwitch, PolicyPureAffinity, PolicySession, PolicyLeastLoad, PolicyRoundRobin, PolicyPowerOfTwo}
+
+// ParsePolicy validates a policy name.
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range Policies {
+		if string(p) == s {
+			return p, nil
+		}
+	}
+	names := make([]string, len(Policies))
+	for i, p := range Policies {
+		names[i] = string(p)
+	}
+	return "", fmt.Errorf("unknown policy %q (want one of %s)", s, strings.Join(names, ", "))
+}
+
+// Config holds the policy and its weights. The zero value is not useful;
+// start from DefaultConfig, whose kv weights are Dynamo's documented defaults.
+type Config struct {
+	Policy Policy `json:"policy"`
+	// OverlapCredit is how many blocks of prefill one matched block saves.
+	// 0 deletes cache awareness.
+	OverlapCredit float64 `json:"overlap_credit"`
+	// CreditDecay shrinks the credit of replicas carrying more prefill than
+	// the least-loaded candidate: credit/(1+decay*excess/request blocks), so
+	// 1 halves it at one request-equivalent of excess. It stops cache-rich
+	// replicas from winning forever after an autoscale.
+	CreditDecay float64 `json:"credit_decay"`
+	// PrefillLoadScale weights the prefill term against the decode term.
+	PrefillLoadScale float64 `json:"prefill_load_scale"`
+	// DecodeRequestWeight charges each active request this many blocks, for
+	// fleets where many small requests concentrate.
+	DecodeRequestWeight float64 `json:"decode_request_weight"`
+	// HostWeight credits a block held only in an offload tier at this
+	// fraction of a GPU block: it must be copied back first.
+	HostWeight float64 `json:"host_weight"`
+	// ApproxWeight credits a block known only from the router's own past
+	// decisions (replicas without events) at this fraction.
+	ApproxWeight float64 `json:"approx_weight"`
+
+	// BalanceAbs and BalanceRel are hard-switch's imbalance test on active
+	// requests: imbalanced when max-min > BalanceAbs AND max > BalanceRel*min.
+	// The AND keeps a small, lightly loaded fleet from flapping on ratios.
+	BalanceAbs float64 `json:"balance_abs"`
+	BalanceRel float64 `json:"balance_rel"`
+	// CacheThreshold is hard-switch's minimum match rate (matched/prompt
+	// blocks) for routing on the prefix rather than on load.
+	CacheThreshold float64 `json:"cache_threshold"`
+
+	// VirtualNodes is how many points each replica has on the session ring.
+	VirtualNodes int `json:"virtual_nodes"`
+}
+
+// DefaultConfig returns Dynamo's kv defaults (credit 1, decay 0, prefill
+// scale 1, request weight 0, host weight 0.75) and SGLang's gateway defaults
+// for hard-switch (abs 64, rel 1.5, cache threshold 0.3).
+func DefaultConfig() Config {
+	return Config{
+		Policy:              PolicyKV,
+		OverlapCredit:       1,
+		CreditDecay:         0,
+		PrefillLoadScale:    1,
+		DecodeRequestWeight: 0,
+		HostWeight:          0.75,
+		ApproxWeight:        1,
+		BalanceAbs:          64,
+		BalanceRel:          1.5,
+		CacheThreshold:      0.3,
+		VirtualNodes:        100,
+	}
+}
+
+// Validate rejects weights that would make costs meaningless.
+func (c Config) Validate() error {
+	if _, err := ParsePolicy(string(c.Policy)); err != nil {
+		return err
+	}
+	for _, w := range []struct {
+		name string
+		v    float64
+	}{
+		{"overlap_credit", c.OverlapCredit}, {"credit_decay", c.CreditDecay},
+		{"prefill_load_scale", c.PrefillLoadScale}, {"decode_request_weight", c.DecodeRequestWeight},
+		{"host_weight", c.HostWeight}, {"approx_weight", c.ApproxWeight},
+		{"balance_abs", c.BalanceAbs}, {"balance_rel", c.BalanceRel}, {"cache_threshold", c.CacheThreshold},
+	} {
+		if w.v < 0 || math.IsNaN(w.v) || math.IsInf(w.v, 0) {
+			return fmt.Errorf("%s must be a finite number >= 0, got %v", w.name, w.v)
+		}
+	}
+	if c.HostWeight > 1 || c.ApproxWeight > 1 {
+		return errors.New("host_weight and approx_weight must be <= 1")
+	}
+	if c.VirtualNodes < 1 || c.VirtualNodes > 10_000 {
+		return fmt.Errorf("virtual_nodes must be in 1..10000, got %d", c.VirtualNodes)
+	}
+	return nil
+}
+
+// Load is a replica's outstanding work in blocks. It is float because the
+// simulator books fractional expectations; the store's integers convert
+// exactly.
+type Load struct {
+	Prefill  float64 `json:"prefill_blocks"`
+	Decode   float64 `json:"decode_blocks"`
+	Requests float64 `json:"requests"`
+}
+
+func (l Load) blocks() float64 { return l.Prefill + l.Decode }
+
+// Candidate is one replica as the caller sees it for this request.
+type Candidate struct {
+	ID       string
+	Routable bool
+	// GPU, Any and Approx are leading blocks of the request held on GPU, in
+	// any tier, and recorded from past decisions (see kvroute.Overlap).
+	GPU, Any, Approx int
+	Load             Load
+}
+
+// Request is what scoring needs to know about the incoming request.
+type Request struct {
+	// Blocks is the number of full prompt blocks.
+	Blocks int
+	// ActiveBlocks is the decode work the request adds wherever it goes
+	// (prompt plus expected output blocks). It shifts every cost equally,
+	// so it never changes the pick; it is reported in explanations.
+	ActiveBlocks float64
+	// SessionID keys the session policy; empty falls back to least-load.
+	SessionID string
+	// Counter drives round-robin; callers keep it.
+	Counter uint64
+}
+
+// Rand is the randomness scoring may use: tie-breaks and power-of-two
+// sampling. *math/rand/v2.Rand satisfies it; tests pass a seeded one.
+type Rand interface {
+	IntN(n int) int
+}
+
+// Score is one candidate's cost and its parts, for explain.
+type Score struct {
+	ID       string `json:"id"`
+	Eligible bool   `json:"eligible"`
+	// Matched is the credited overlap in GPU-block units: GPU blocks, plus
+	// host-only blocks at HostWeight, or approximate blocks at ApproxWeight
+	// when those promise more.
+	Matched    float64 `json:"matched"`
+	GPU        int     `json:"gpu_blocks"`
+	Any        int     `json:"any_blocks"`
+	Approx     int     `json:"approx_blocks"`
+	Credit     float64 `json:"credit"`
+	RawPrefill float64 `json:"raw_prefill"`
+	Prefill    float64 `json:"adjusted_prefill"`
+	Decode     float64 `json:"decode"`
+	Requests   float64 `json:"request_blocks"`
+	Cost       float64 `json:"cost"`
+}
+
+// Result is a decision: the chosen candidate and every candidate's score.
+type Result struct {
+	// Pick indexes the candidates slice given to Pick.
+	Pick   int     `json:"-"`
+	Policy Policy  `json:"policy"`
+	Mode   string  `json:"mode,omitempty"`
+	Scores []Score `json:"candidates"`
+}
+
+// ErrNoCandidate means no candidate was routable.
+var ErrNoCandidate = errors.New("scoring: no routable candidate")
+
+// Pick chooses a candidate under cfg.Policy. It never picks an unroutable
+// candidate; ties go to the lowest load, then to rng.
+func Pick(cfg Config, req Request, cands []Candidate, rng Rand) (Result, error) {
+	res := Result{Pick: -1, Policy: cfg.Policy, Scores: make([]Score, len(cands))}
+	eligible := make([]int, 0, len(cands))
+	for i, c := range cands {
+		if c.Routable {
+			eligible = append(eligible, i)
+		}
+	}
+	costs(cfg, req, cands, res.Scores)
+	if len(eligible) == 0 {
+		return res, ErrNoCandidate
+	}
+	switch cfg.Policy {
+	case PolicyKV, "":
+		res.Policy = PolicyKV
+		res.Pick = argmin(eligible, cands, rng, func(i int) float64 { return res.Scores[i].Cost })
+	case PolicyLeastLoad:
+		res.Pick = leastLoaded(cfg, req, eligible, cands, rng)
+	case PolicyPureAffinity:
+		res.Pick = argmin(eligible, cands, rng, func(i int) float64 { return -res.Scores[i].Matched })
+	case PolicyHardSwitch:
+		res.Pick, res.Mode = hardSwitch(cfg, req, eligible, cands, res.Scores, rng)
+	case PolicySession:
+		if req.SessionID == "" {
+			res.Mode = "no-session"
+			res.Pick = leastLoaded(cfg, req, eligible, cands, rng)
+			break
+		}
+		res.Pick = ringPick(cfg.VirtualNodes, req.SessionID, eligible, cands)
+	case PolicyRoundRobin:
+		res.Pick = eligible[req.Counter%uint64(len(eligible))]
+	case PolicyPowerOfTwo:
+		res.Pick = powerOfTwo(eligible, cands, rng)
+	default:
+		return res, fmt.Errorf("scoring: unknown policy %q", cfg.Policy)
+	}
+	return res, nil
+}
+
+// costs fills every candidate's kv cost, eligible or not, so that explain
+// shows why an unroutable replica would or would not have won.
+func costs(cfg Config, req Request, cands []Candidate, out []Score) {
+	minPrefill := math.Inf(1)
+	for _, c := range cands {
+		if c.Routable && c.Load.Prefill < minPrefill {
+			minPrefill = c.Load.Prefill
+		}
+	}
+	if math.IsInf(minPrefill, 1) {
+		minPrefill = 0
+	}
+	reqBlocks := float64(req.Blocks)
+	for i, c := range cands {
+		matched := matchedBlocks(cfg, c)
+		credit := cfg.OverlapCredit
+		if cfg.CreditDecay > 0 {
+			excess := math.Max(0, c.Load.Prefill-minPrefill) / math.Max(reqBlocks, 1)
+			credit /= 1 + cfg.CreditDecay*excess
+		}
+		raw := c.Load.Prefill + reqBlocks
+		adjusted := math.Max(0, raw-credit*matched)
+		decode := c.Load.Decode + req.ActiveBlocks
+		reqs := cfg.DecodeRequestWeight * c.Load.Requests
+		out[i] = Score{
+			ID: c.ID, Eligible: c.Routable, Matched: matched,
+			GPU: c.GPU, Any: c.Any, Approx: c.Approx,
+			Credit: credit, RawPrefill: raw, Prefill: adjusted, Decode: decode, Requests: reqs,
+			Cost: cfg.PrefillLoadScale*adjusted + decode + reqs,
+		}
+	}
+}
+
+// matchedBlocks converts a candidate's overlap into GPU-block units.
+// Event-fed and approximate overlap are alternatives, not additions: the
+// approximate record only stands in where events say less.
+func matchedBlocks(cfg Config, c Candidate) float64 {
+	any := max(c.Any, c.GPU)
+	events := float64(c.GPU) + cfg.HostWeight*float64(any-c.GPU)
+	return math.Max(events, cfg.ApproxWeight*float64(c.Approx))
+}
+
+// leastLoaded is the kv cost with no overlap credit.
+func leastLoaded(cfg Config, req Request, eligible []int, cands []Candidate, rng Rand) int {
+	cfg.OverlapCredit = 0
+	s := make([]Score, len(cands))
+	costs(cfg, req, cands, s)
+	return argmin(eligible, cands, rng, func(i int) float64 { return s[i].Cost })
+}
+
+// hardSwitch applies SGLang's two-condition imbalance test on active
+// requests, then routes on load or on the prefix.
+func hardSwitch(cfg Config, req Request, eligible []int, cands []Candidate, s []Score, rng Rand) (int, string) {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, i := range eligible {
+		lo = math.Min(lo, cands[i].Load.Requests)
+		hi = math.Max(hi, cands[i].Load.Requests)
+	}
+	queue := func(i int) float64 { return cands[i].Load.Requests }
+	if hi-lo > cfg.BalanceAbs && hi > cfg.BalanceRel*lo {
+		return argmin(eligible, cands, rng, queue), "imbalanced"
+	}
+	best := argmin(eligible, cands, rng, func(i int) float64 { return -s[i].Matched })
+	if req.Blocks > 0 && s[best].Matched/float64(req.Blocks) >= cfg.CacheThreshold {
+		return best, "prefix"
+	}
+	return argmin(eligible, cands, rng, queue), "low-match"
+}
+
+func powerOfTwo(eligible []int, cands []Candidate, rng Rand) int {
+	if len(eligible) == 1 {
+		return eligible[0]
+	}
+	a := rng.IntN(len(eligible))
+	b := rng.IntN(len(eligible) - 1)
+	if b >= a {
+		b++
+	}
+	i, j := eligible[a], eligible[b]
+	if cands[j].Load.blocks() < cands[i].Load.blocks() {
+		return j
+	}
+	return i
+}
+
+// argmin returns the eligible index with the lowest value. Ties go to the
+// lowest load, then to a uniform draw from rng: a fixed tie-break (always
+// the first replica) is exactly how an empty index herds.
+func argmin(eligible []int, cands []Candidate, rng Rand, value func(int) float64) int {
+	const eps = 1e-9
+	var best []int
+	var bestV, bestL float64
+	for _, i := range eligible {
+		v, l := value(i), cands[i].Load.blocks()
+		switch {
+		case best == nil || v < bestV-eps || (math.Abs(v-bestV) <= eps && l < bestL-eps):
+			best = append(best[:0], i)
+			bestV, bestL = v, l
+		case math.Abs(v-bestV) <= eps && math.Abs(l-bestL) <= eps:
+			best = append(best, i)
+		}
+	}
+	if len(best) == 1 || rng == nil {
+		return best[0]
+	}
+	return best[rng.IntN(len(best))]
+}
