@@ -1,0 +1,394 @@
+// Package router makes one routing decision: it keys the prompt, asks the
+// index what every replica holds and what it owes, hands that to scoring,
+// and books the chosen replica's new load. It knows neither HTTP nor Redis:
+// it declares the small interfaces it needs, and the store satisfies them.
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Index is what a decision needs from the state store.
+type Index interface {
+	// Lookup returns, per replica in order, the leading blocks of keys it
+	// holds and the load it owes, in one round trip.
+	Lookup(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error)
+	// Reserve books a lease if the replica's load version is still
+	// ifVersion (any version when negative); otherwise it returns the
+	// current load so the decision can be re-scored.
+	Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error)
+	// RecordApprox remembers that replica was sent these keys.
+	RecordApprox(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
+	Advance(ctx context.Context, requestID string) (bool, error)
+	Release(ctx context.Context, requestID string) (bool, error)
+}
+
+// Registry lists the fleet.
+type Registry interface {
+	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
+}
+
+// Config is the router's tuning.
+type Config struct {
+	Scoring scoring.Config
+	// BlockSize is the tokens per block for models not in BlockSizes.
+	BlockSize  int
+	BlockSizes map[string]int
+	// Seed is mixed into every block key (the KeySpace seed).
+	Seed uint64
+	// LeaseTTL is the minimum life of a booking; the predicted duration of
+	// the request is added to it.
+	LeaseTTL time.Duration
+	// PrefillTPS and DecodeTPS are conservative engine speeds used only to
+	// predict when a lease may safely expire.
+	PrefillTPS, DecodeTPS float64
+	// RegistryTTL bounds how stale the in-process copy of the registry may
+	// be. It is a cache: every pod re-reads the registry from the store.
+	RegistryTTL time.Duration
+	// MaxTokens is the output length assumed when a request gives none.
+	MaxTokens int
+}
+
+// DefaultConfig is what `kvroute serve` starts with.
+func DefaultConfig() Config {
+	return Config{
+		Scoring:     scoring.DefaultConfig(),
+		BlockSize:   kvroute.DefaultBlockSize,
+		LeaseTTL:    30 * time.Second,
+		PrefillTPS:  2000,
+		DecodeTPS:   10,
+		RegistryTTL: time.Second,
+		MaxTokens:   256,
+	}
+}
+
+// Request is one routing question.
+type Request struct {
+	Model     string
+	Tokens    []uint32
+	SessionID string
+	CacheSalt string
+	LoRA      string
+	MaxTokens int
+	// Policy overrides the configured policy for this request.
+	Policy scoring.Policy
+}
+
+// Decision is the answer, with everything explain needs.
+type Decision struct {
+	RequestID    string
+	Replica      kvroute.Replica
+	Matched      int
+	Approximate  bool
+	PromptBlocks int
+	BlockSize    int
+	Policy       scoring.Policy
+	Mode         string
+	Degraded     bool
+	Reason       string
+	Candidates   []scoring.Score
+	Expires      time.Time
+}
+
+// Router decides. It is safe for concurrent use.
+type Router struct {
+	idx    Index
+	reg    Registry
+	cfg    Config
+	now    func() time.Time
+	log    *slog.Logger
+	newID  func() string
+	mu     sync.Mutex
+	rng    *mrand.Rand
+	count  atomic.Uint64
+	cached registryCache
+}
+
+// Options are the router's injected dependencies; zero values get defaults.
+type Options struct {
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Rand breaks ties and samples power-of-two; seed it in tests.
+	Rand *mrand.Rand
+	// NewID mints request ids; random 128-bit hex by default.
+	NewID func() string
+}
+
+// New builds a Router.
+func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
+	if err := cfg.Scoring.Validate(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	if cfg.BlockSize <= 0 {
+		return nil, errors.New("router: block size must be positive")
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.Rand == nil {
+		var seed [16]byte
+		_, _ = rand.Read(seed[:])
+		opt.Rand = mrand.New(mrand.NewPCG(leU64(seed[:8]), leU64(seed[8:])))
+	}
+	if opt.NewID == nil {
+		opt.NewID = randomID
+	}
+	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand}, nil
+}
+
+// Config returns the configuration the router runs with.
+func (r *Router) Config() Config { return r.cfg }
+
+// BlockSize is the block size used for model.
+func (r *Router) BlockSize(model string) int {
+	if bs, ok := r.cfg.BlockSizes[model]; ok && bs > 0 {
+		return bs
+	}
+	return r.cfg.BlockSize
+}
+
+// KeySpace is the key space a request for model and adapter falls in.
+func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
+	return kvroute.KeySpace{Model: model, LoRA: lora, Seed: r.cfg.Seed}
+}
+
+// Route answers one request. With the store unreachable it still decides
+// (round-robin over the last replicas it knew to be healthy) and says so in
+// Decision.Degraded rather than failing while any replica is known.
+func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
+	if req.Model == "" {
+		return Decision{}, &kvroute.FieldError{Field: "model", Msg: "is required"}
+	}
+	cfg := r.cfg.Scoring
+	if req.Policy != "" {
+		if _, err := scoring.ParsePolicy(string(req.Policy)); err != nil {
+			return Decision{}, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
+		}
+		cfg.Policy = req.Policy
+	}
+	replicas, stale, err := r.replicas(ctx)
+	if err != nil {
+		return Decision{}, err
+	}
+	var fleet []kvroute.Replica
+	for _, rep := range replicas {
+		if rep.Model == req.Model {
+			fleet = append(fleet, rep)
+		}
+	}
+	if len(fleet) == 0 {
+		return Decision{}, fmt.Errorf("router: model %q: %w", req.Model, kvroute.ErrNotFound)
+	}
+	bs := r.BlockSize(req.Model)
+	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
+	d := Decision{RequestID: r.newID(), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
+
+	ids := make([]string, len(fleet))
+	for i, rep := range fleet {
+		ids[i] = rep.ID
+	}
+	var overlaps []kvroute.Overlap
+	var loads []kvroute.Load
+	if !stale {
+		overlaps, loads, err = r.idx.Lookup(ctx, req.Model, keys, ids)
+	}
+	if stale || err != nil {
+		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
+			return Decision{}, fmt.Errorf("router: lookup: %w", err)
+		}
+		return r.degraded(d, fleet, err)
+	}
+
+	cands := make([]scoring.Candidate, len(fleet))
+	for i, rep := range fleet {
+		o, l := overlaps[i], loads[i]
+		cands[i] = scoring.Candidate{
+			ID: rep.ID, Routable: rep.Routable(), GPU: o.GPU, Any: o.Any, Approx: o.Approx,
+			Load: scoring.Load{Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: float64(max(l.Requests, l.Running+l.Waiting))},
+		}
+	}
+	maxTokens := req.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = r.cfg.MaxTokens
+	}
+	outBlocks := (maxTokens + bs - 1) / bs
+	sreq := scoring.Request{Blocks: len(keys), ActiveBlocks: float64(len(keys) + outBlocks), SessionID: req.SessionID, Counter: r.count.Add(1) - 1}
+
+	var res scoring.Result
+	for attempt := 0; ; attempt++ {
+		r.mu.Lock()
+		res, err = scoring.Pick(cfg, sreq, cands, r.rng)
+		r.mu.Unlock()
+		if errors.Is(err, scoring.ErrNoCandidate) {
+			return Decision{}, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
+		}
+		if err != nil {
+			return Decision{}, fmt.Errorf("router: %w", err)
+		}
+		p := res.Pick
+		uncached := int64(len(keys)) - int64(res.Scores[p].Matched)
+		lease := kvroute.Lease{
+			RequestID: d.RequestID, Model: req.Model, Replica: fleet[p].ID,
+			PrefillBlocks: max(uncached, 0), DecodeBlocks: int64(len(keys) + outBlocks),
+			Expires: r.now().Add(r.leaseTTL(len(req.Tokens), maxTokens)),
+		}
+		// After a few lost races the booking goes through regardless: a
+		// decision must finish, and the loser's view is at most one
+		// booking stale.
+		ifVersion := loads[p].Version
+		if attempt >= 3 {
+			ifVersion = -1
+		}
+		booked, cur, err := r.idx.Reserve(ctx, lease, ifVersion)
+		if err != nil {
+			if errors.Is(err, kvroute.ErrUnavailable) {
+				return r.degraded(d, fleet, err)
+			}
+			return Decision{}, fmt.Errorf("router: reserve: %w", err)
+		}
+		if !booked {
+			loads[p] = cur
+			cands[p].Load = scoring.Load{Prefill: float64(cur.PrefillBlocks), Decode: float64(cur.DecodeBlocks), Requests: float64(max(cur.Requests, cur.Running+cur.Waiting))}
+			continue
+		}
+		d.Expires = lease.Expires
+		break
+	}
+	p := res.Pick
+	d.Replica = fleet[p]
+	d.Policy, d.Mode, d.Candidates = res.Policy, res.Mode, res.Scores
+	s := res.Scores[p]
+	d.Matched = max(s.GPU, s.Any)
+	if s.Approx > d.Matched {
+		d.Matched, d.Approximate = s.Approx, true
+	}
+	// Replicas that publish no events are known only from what we send
+	// them: remember it, apart from event-fed entries and with a TTL.
+	if fleet[p].Events == "" && len(keys) > 0 {
+		if err := r.idx.RecordApprox(ctx, req.Model, fleet[p].ID, keys); err != nil {
+			r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
+		}
+	}
+	return d, nil
+}
+
+// FirstToken moves a request's booking from prefill to decode.
+func (r *Router) FirstToken(ctx context.Context, requestID string) (bool, error) {
+	ok, err := r.idx.Advance(ctx, requestID)
+	if err != nil {
+		return false, fmt.Errorf("router: first token: %w", err)
+	}
+	return ok, nil
+}
+
+// Release ends a request's booking.
+func (r *Router) Release(ctx context.Context, requestID string) (bool, error) {
+	ok, err := r.idx.Release(ctx, requestID)
+	if err != nil {
+		return false, fmt.Errorf("router: release: %w", err)
+	}
+	return ok, nil
+}
+
+// Invalidate drops the cached registry, after a write through this pod.
+func (r *Router) Invalidate() { r.cached.invalidate() }
+
+// degraded decides without the store: round-robin over the routable
+// replicas last seen. Cache awareness is lost; availability is not.
+func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Decision, error) {
+	var ok []kvroute.Replica
+	for _, rep := range fleet {
+		if rep.Routable() {
+			ok = append(ok, rep)
+		}
+	}
+	if len(ok) == 0 {
+		return Decision{}, fmt.Errorf("router: store unreachable and no healthy replica known: %w", kvroute.ErrUnavailable)
+	}
+	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
+	d.Policy, d.Degraded = scoring.PolicyRoundRobin, true
+	d.Reason = "state store unreachable"
+	if cause != nil {
+		d.Reason += ": " + cause.Error()
+	}
+	r.log.Warn("degraded decision", "replica", d.Replica.ID, "err", cause)
+	return d, nil
+}
+
+func (r *Router) leaseTTL(promptTokens, maxTokens int) time.Duration {
+	ttl := r.cfg.LeaseTTL
+	if r.cfg.PrefillTPS > 0 {
+		ttl += time.Duration(float64(promptTokens) / r.cfg.PrefillTPS * float64(time.Second))
+	}
+	if r.cfg.DecodeTPS > 0 {
+		ttl += time.Duration(float64(maxTokens) / r.cfg.DecodeTPS * float64(time.Second))
+	}
+	return min(ttl, time.Hour)
+}
+
+// registryCache keeps the last registry read. It is what lets a pod keep
+// deciding while the store is down.
+type registryCache struct {
+	mu       sync.Mutex
+	replicas []kvroute.Replica
+	at       time.Time
+	valid    bool
+}
+
+func (c *registryCache) invalidate() {
+	c.mu.Lock()
+	c.at = time.Time{}
+	c.mu.Unlock()
+}
+
+// replicas returns the registry, re-read when older than RegistryTTL. stale
+// is true when the store failed and the last known copy is returned.
+func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool, _ error) {
+	c := &r.cached
+	c.mu.Lock()
+	if c.valid && r.now().Sub(c.at) < r.cfg.RegistryTTL {
+		defer c.mu.Unlock()
+		return c.replicas, false, nil
+	}
+	c.mu.Unlock()
+	list, err := r.reg.ListReplicas(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if c.valid && errors.Is(err, kvroute.ErrUnavailable) {
+			return c.replicas, true, nil
+		}
+		return nil, false, fmt.Errorf("router: list replicas: %w", err)
+	}
+	c.replicas, c.at, c.valid = list, r.now(), true
+	return list, false, nil
+}
+
+func randomID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func leU64(b []byte) uint64 {
+	var v uint64
+	for i := 7; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v
+}
