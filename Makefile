@@ -1,0 +1,34 @@
+# Every entry point pins the Go toolchain named by go.mod; the machine's own
+# go fetches it from the module proxy on first use.
+export GOTOOLCHAIN := go1.27.3
+GO ?= go
+
+.PHONY: run test bench fuzz vet fmt deps build
+
+## run: start kvroute serve with the embedded Redis and three simulated replicas
+run:
+	$(GO) run ./cmd/kvroute serve --demo-replicas 3
+
+## test: every test, integration tests against a real redis-server included
+test:
+	bash scripts/test.sh
+
+## bench: the benchmarks quoted in BENCHMARKS.md (real redis-server)
+bench:
+	bash scripts/bench.sh
+
+## fuzz: the event decoder fuzz target, bounded
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ingestor
+
+build:
+	$(GO) build -o bin/kvroute ./cmd/kvroute
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	gofmt -l -w .
+
+deps:
+	bash scripts/ensure-deps.sh

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the tests need when it is missing, so that a fresh machine's
+# first `make test` passes: redis-server from Debian's packages.
+set -euo pipefail
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "ensure-deps: redis-server missing; installing it from Debian's packages"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  # The package starts a system service on 6379; the tests start their own.
+  $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
+fi
+echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command (`make test`, and so .ci/run). It installs what the tests
+# need, vets, runs every package's tests with a real redis-server, runs the
+# event decoder's fuzz target for a bounded time, and prints a summary whose
+# last line counts what passed and failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
+bash scripts/ensure-deps.sh
+
+echo "== go vet"
+go vet ./...
+
+echo "== go test (real redis-server for every Redis path)"
+log=$(mktemp)
+status=0
+go test -count=1 -timeout 15m -v ./... >"$log" 2>&1 || status=$?
+# Package results, skips, failures, and proof that Redis tests ran for real.
+grep -E '^(ok|FAIL|---[[:space:]]FAIL|---[[:space:]]SKIP|panic:)|real redis-server' "$log" | sed 's/^[[:space:]]*//' | awk '!seen[$0]++' || true
+if [ "$status" -ne 0 ]; then
+  echo "== failures (full log: $log)"
+  grep -B2 -A25 -E '^[[:space:]]*--- FAIL' "$log" | head -300 || tail -100 "$log"
+fi
+passed=$(grep -cE '^[[:space:]]*--- PASS' "$log" || true)
+failed=$(grep -cE '^[[:space:]]*--- FAIL' "$log" || true)
+skipped=$(grep -cE '^[[:space:]]*--- SKIP' "$log" || true)
+
+fstatus=0
+if [ -d ingestor ] && grep -q 'func FuzzDecode' ingestor/*_test.go 2>/dev/null; then
+  echo "== fuzz FuzzDecode (bounded)"
+  go test -run '^$' -fuzz FuzzDecode -fuzztime "${FUZZTIME:-20s}" ./ingestor 2>&1 | tail -3 || fstatus=$?
+  if [ "$fstatus" -ne 0 ]; then failed=$((failed + 1)); fi
+fi
+
+echo "tests: $passed passed, $failed failed, $skipped skipped"
+[ "$status" -eq 0 ] && [ "$fstatus" -eq 0 ]
