@@ -1,0 +1,545 @@
+// Package replica simulates one vLLM replica for kvroute's end-to-end tests
+// and demo. It serves vLLM's HTTP surface on loopback (completions, chat,
+// /tokenize, /health, /metrics), keeps a bounded LRU prefix cache keyed by
+// vLLM's own sha256_cbor block hashes, and publishes vLLM's KV-cache events
+// on a ZeroMQ PUB socket with a ROUTER replay socket beside it, byte for byte
+// in the layouts documented in shared/VLLM_EVENTS.md.
+//
+// The cache never uses kvroute's block keys: the router must learn what a
+// replica holds from the events alone, as it would from a real engine.
+//
+// Fault knobs (DropNext, Stall, Restart, ClearCache, SetHealthy, Die) let
+// tests produce the sequence gaps, restarts and outages the router must
+// survive.
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// Config configures a Replica. The zero value of every field but Model has a
+// usable default.
+type Config struct {
+	// Model is the served model name, reported in /metrics and responses
+	// and required in requests (an empty request model means this one).
+	Model string
+	// LoRAs lists adapter names a request may name as its model. The adapter
+	// goes into every block's extra keys and into the events, as in vLLM;
+	// its lora_id is its index here plus one.
+	LoRAs []string
+	// BlockSize is the number of tokens per KV block (default 16).
+	BlockSize int
+	// CapacityBlocks bounds the prefix cache (default 4096 blocks).
+	CapacityBlocks int
+	// MaxModelLen is the longest prompt accepted (default 32768 tokens).
+	MaxModelLen int
+	// MaxRunning bounds concurrently running requests; others wait and are
+	// counted in vllm:num_requests_waiting. Zero means unbounded.
+	MaxRunning int
+	// PrefillTokensPerSec and DecodeTokensPerSec set the simulated speed:
+	// a request sleeps uncached_tokens/PrefillTokensPerSec before its first
+	// token and 1/DecodeTokensPerSec per token. Zero means instantaneous.
+	PrefillTokensPerSec float64
+	DecodeTokensPerSec  float64
+	// EventEncoding is EncodingArray (default) or EncodingMap.
+	EventEncoding string
+	// Topic is the first frame of every event message (default "").
+	Topic string
+	// HashSeed is hashed into NONE_HASH (default DefaultHashSeed). vLLM's
+	// PYTHONHASHSEED=0 corresponds to "0".
+	HashSeed string
+	// ReplayBuffer is how many batches the replay socket keeps (default
+	// 10000, vLLM's buffer_steps). It also bounds batches queued during a
+	// Stall.
+	ReplayBuffer int
+	// ReplayWithoutTopic answers replay requests in the layout of vLLM
+	// before PR #45177: ["", seq, payload] and end marker ["", 0xff..ff, ""].
+	ReplayWithoutTopic bool
+	// HTTPAddr, EventsEndpoint and ReplayEndpoint override where Start
+	// listens (defaults 127.0.0.1:0, tcp://127.0.0.1:0, tcp://127.0.0.1:0:
+	// free loopback ports).
+	HTTPAddr       string
+	EventsEndpoint string
+	ReplayEndpoint string
+	// Logger receives operational logs (default: discard).
+	Logger *slog.Logger
+	// Now stamps batches and responses (default time.Now). Sleeps and
+	// stalls use real time so that a frozen clock cannot hang a test.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.Model == "" {
+		return errors.New("model is required")
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.CapacityBlocks == 0 {
+		c.CapacityBlocks = 4096
+	}
+	if c.MaxModelLen == 0 {
+		c.MaxModelLen = 32768
+	}
+	if c.HashSeed == "" {
+		c.HashSeed = DefaultHashSeed
+	}
+	if c.ReplayBuffer == 0 {
+		c.ReplayBuffer = 10000
+	}
+	if c.EventEncoding == "" {
+		c.EventEncoding = EncodingArray
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:0"
+	}
+	if c.EventsEndpoint == "" {
+		c.EventsEndpoint = "tcp://127.0.0.1:0"
+	}
+	if c.ReplayEndpoint == "" {
+		c.ReplayEndpoint = "tcp://127.0.0.1:0"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	switch {
+	case c.BlockSize < 0, c.CapacityBlocks < 0, c.MaxModelLen < 0, c.MaxRunning < 0, c.ReplayBuffer < 0:
+		return errors.New("sizes must not be negative")
+	case c.PrefillTokensPerSec < 0, c.DecodeTokensPerSec < 0:
+		return errors.New("speeds must not be negative")
+	case c.EventEncoding != EncodingArray && c.EventEncoding != EncodingMap:
+		return fmt.Errorf("unknown event encoding %q", c.EventEncoding)
+	}
+	return nil
+}
+
+// batch is one published or buffered event batch.
+type batch struct {
+	seq     uint64
+	payload []byte
+}
+
+// Replica is one simulated vLLM server. Its methods are safe for concurrent
+// use.
+type Replica struct {
+	cfg    Config
+	log    *slog.Logger
+	hasher *hasher
+
+	// mu guards the cache, the sequence counter, the replay buffer and the
+	// publish queue together: a batch's seq, its place in the replay buffer
+	// and its place on the wire follow the order the cache changed in.
+	mu         sync.Mutex
+	cache      *lru
+	seq        uint64
+	replay     []batch
+	pending    []batch // waiting for the publisher goroutine
+	dropNext   int
+	stallUntil time.Time
+	healthy    bool
+	queries    uint64 // prompt tokens looked up, vllm:prefix_cache_queries_total
+	hits       uint64 // prompt tokens served from cache
+	running    int
+	waiting    int
+	reqID      uint64
+
+	notify chan struct{} // wakes the publisher, capacity 1
+	slots  chan struct{} // running-request semaphore, nil when unbounded
+
+	// Set by Start.
+	started  bool
+	stopped  bool
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when background goroutines have exited
+	pub      zmq4.Socket
+	router   zmq4.Socket
+	httpLn   net.Listener
+	server   *http.Server
+	url      string
+	eventsEP string
+	replayEP string
+	wg       sync.WaitGroup
+}
+
+// New validates cfg and returns a stopped Replica.
+func New(cfg Config) (*Replica, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	h, err := newHasher(cfg.HashSeed)
+	if err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	r := &Replica{
+		cfg:     cfg,
+		log:     cfg.Logger.With("replica", cfg.Model),
+		hasher:  h,
+		cache:   newLRU(cfg.CapacityBlocks),
+		healthy: true,
+		notify:  make(chan struct{}, 1),
+		done:    make(chan struct{}),
+	}
+	if cfg.MaxRunning > 0 {
+		r.slots = make(chan struct{}, cfg.MaxRunning)
+	}
+	return r, nil
+}
+
+// Start binds the HTTP listener, the PUB socket and the replay ROUTER and
+// serves until Stop, Die, or the cancellation of ctx.
+func (r *Replica) Start(ctx context.Context) (err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return errors.New("replica: already started")
+	}
+	r.started = true
+
+	zctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	defer func() {
+		if err != nil {
+			r.closeAll(false)
+			close(r.done)
+		}
+	}()
+	zlog := slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)
+
+	r.pub = zmq4.NewPub(zctx, zmq4.WithLogger(zlog))
+	if err := r.pub.Listen(r.cfg.EventsEndpoint); err != nil {
+		return fmt.Errorf("replica: events listen: %w", err)
+	}
+	r.eventsEP = dialable(r.cfg.EventsEndpoint, r.pub.Addr())
+
+	r.router = zmq4.NewRouter(zctx, zmq4.WithLogger(zlog))
+	if err := r.router.Listen(r.cfg.ReplayEndpoint); err != nil {
+		return fmt.Errorf("replica: replay listen: %w", err)
+	}
+	r.replayEP = dialable(r.cfg.ReplayEndpoint, r.router.Addr())
+
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", r.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("replica: http listen: %w", err)
+	}
+	r.httpLn = ln
+	r.url = "http://" + ln.Addr().String()
+	r.server = &http.Server{
+		Handler:           r.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return zctx },
+		ErrorLog:          zlog,
+	}
+
+	r.wg.Add(3)
+	go func() {
+		defer r.wg.Done()
+		if err := r.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("http serve", "err", err)
+		}
+	}()
+	go func() { defer r.wg.Done(); r.publishLoop(zctx) }()
+	go func() { defer r.wg.Done(); r.replayLoop(zctx) }()
+	go func() {
+		r.wg.Wait()
+		close(r.done)
+	}()
+	// The caller's ctx ends the replica like Stop does.
+	context.AfterFunc(ctx, func() { _ = r.Stop() })
+
+	r.log.Info("replica started", "url", r.url, "events", r.eventsEP, "replay", r.replayEP)
+	return nil
+}
+
+// Stop shuts the replica down gracefully: in-flight HTTP requests get a
+// moment to finish, then every socket closes. It is idempotent.
+func (r *Replica) Stop() error {
+	return r.stop(true)
+}
+
+// Die stops everything at once, like a killed process: open HTTP
+// connections are cut and batches not yet published are lost.
+func (r *Replica) Die() {
+	_ = r.stop(false)
+}
+
+func (r *Replica) stop(graceful bool) error {
+	r.mu.Lock()
+	if !r.started || r.stopped {
+		r.mu.Unlock()
+		return nil
+	}
+	r.stopped = true
+	r.mu.Unlock()
+
+	err := r.closeAll(graceful)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		return errors.New("replica: stop: goroutines did not exit")
+	}
+	return err
+}
+
+// closeAll tears down what Start built; it tolerates a partial Start.
+func (r *Replica) closeAll(graceful bool) error {
+	var errs []error
+	if r.server != nil {
+		if graceful {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := r.server.Shutdown(ctx); err != nil {
+				_ = r.server.Close()
+			}
+			cancel()
+		} else {
+			_ = r.server.Close()
+		}
+	} else if r.httpLn != nil {
+		_ = r.httpLn.Close()
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
+	if r.pub != nil {
+		if err := r.pub.Close(); err != nil && !isClosedErr(err) {
+			errs = append(errs, fmt.Errorf("close pub: %w", err))
+		}
+	}
+	if r.router != nil {
+		if err := r.router.Close(); err != nil && !isClosedErr(err) {
+			errs = append(errs, fmt.Errorf("close router: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("replica: %w", err)
+	}
+	return nil
+}
+
+// dialable turns a bound address into an endpoint a peer on this host can
+// dial: a wildcard bind (tcp://*:5557) is reached on loopback, and a port 0
+// bind is reported with the port the kernel chose.
+func dialable(endpoint string, addr net.Addr) string {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return endpoint
+	}
+	ip := ta.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return "tcp://" + net.JoinHostPort(ip.String(), strconv.Itoa(ta.Port))
+}
+
+func isClosedErr(err error) bool {
+	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "use of closed")
+}
+
+// URL is the base URL of the HTTP server (http://127.0.0.1:port).
+func (r *Replica) URL() string { r.mu.Lock(); defer r.mu.Unlock(); return r.url }
+
+// EventsEndpoint is the tcp:// address of the PUB socket, for a SUB to dial.
+func (r *Replica) EventsEndpoint() string { r.mu.Lock(); defer r.mu.Unlock(); return r.eventsEP }
+
+// ReplayEndpoint is the tcp:// address of the replay ROUTER socket.
+func (r *Replica) ReplayEndpoint() string { r.mu.Lock(); defer r.mu.Unlock(); return r.replayEP }
+
+// Topic is the topic frame of every event message.
+func (r *Replica) Topic() string { return r.cfg.Topic }
+
+// BlockSize is the number of tokens per block.
+func (r *Replica) BlockSize() int { return r.cfg.BlockSize }
+
+// WaitSubscribed blocks until some SUB socket has a subscription matching
+// this replica's topic, so that a test can avoid ZeroMQ's slow-joiner loss
+// without sleeping blindly.
+func (r *Replica) WaitSubscribed(ctx context.Context) error {
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		pub := r.pub
+		r.mu.Unlock()
+		if pub != nil {
+			if tp, ok := pub.(zmq4.Topics); ok {
+				for _, s := range tp.Topics() {
+					if strings.HasPrefix(r.cfg.Topic, s) {
+						return nil
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replica: wait subscribed: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// emitLocked gives events the next sequence number, keeps the batch for
+// replay and queues it for publishing (or drops it from the wire when
+// DropNext asked for a gap). r.mu must be held.
+func (r *Replica) emitLocked(events ...event) {
+	if len(events) == 0 {
+		return
+	}
+	ts := float64(r.cfg.Now().UnixNano()) / 1e9
+	payload, err := encodeBatch(r.cfg.EventEncoding, ts, events)
+	if err != nil {
+		// Unreachable with the types encoded here; keep the seq gap
+		// visible rather than silently reusing the number.
+		r.log.Error("encode batch", "err", err)
+	}
+	b := batch{seq: r.seq, payload: payload}
+	r.seq++
+	r.replay = appendBounded(r.replay, b, r.cfg.ReplayBuffer)
+	if r.dropNext > 0 {
+		r.dropNext--
+		return
+	}
+	r.pending = appendBounded(r.pending, b, r.cfg.ReplayBuffer)
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+// appendBounded appends b and forgets the oldest entries beyond max.
+func appendBounded(bs []batch, b batch, max int) []batch {
+	bs = append(bs, b)
+	if len(bs) > max {
+		n := copy(bs, bs[len(bs)-max:])
+		clear(bs[n:])
+		bs = bs[:n]
+	}
+	return bs
+}
+
+// publishLoop is the only writer of the PUB socket, so batches leave in
+// sequence order. A stall holds them back until it ends.
+func (r *Replica) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.notify:
+		}
+		for {
+			r.mu.Lock()
+			wait := time.Until(r.stallUntil)
+			if wait > 0 {
+				r.mu.Unlock()
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				case <-r.notify: // Restart or a new Stall changed the deadline.
+					t.Stop()
+				}
+				continue
+			}
+			out := r.pending
+			r.pending = nil
+			r.mu.Unlock()
+			if len(out) == 0 {
+				break
+			}
+			for _, b := range out {
+				msg := zmq4.NewMsgFrom([]byte(r.cfg.Topic), seqBytes(b.seq), b.payload)
+				if err := r.pub.Send(msg); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					r.log.Warn("publish", "seq", b.seq, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// replayLoop answers DEALER requests ["", seq8] on the ROUTER socket.
+func (r *Replica) replayLoop(ctx context.Context) {
+	for {
+		msg, err := r.router.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Debug("replay recv", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			continue
+		}
+		// [identity, "", seq8]; anything else is malformed and, as in vLLM,
+		// gets no answer at all.
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 || len(msg.Frames[2]) != 8 {
+			r.log.Warn("malformed replay request", "frames", len(msg.Frames))
+			continue
+		}
+		id := msg.Frames[0]
+		from := beUint64(msg.Frames[2])
+		r.mu.Lock()
+		var bs []batch
+		for _, b := range r.replay {
+			if b.seq >= from {
+				bs = append(bs, b)
+			}
+		}
+		r.mu.Unlock()
+		for _, b := range bs {
+			if err := r.router.Send(r.replayMsg(id, seqBytes(b.seq), b.payload)); err != nil {
+				r.log.Warn("replay send", "err", err)
+				break
+			}
+		}
+		if err := r.router.Send(r.replayMsg(id, seqBytes(endSeq), nil)); err != nil {
+			r.log.Warn("replay send end", "err", err)
+		}
+	}
+}
+
+func (r *Replica) replayMsg(id, seq, payload []byte) zmq4.Msg {
+	if r.cfg.ReplayWithoutTopic {
+		return zmq4.NewMsgFrom(id, []byte{}, seq, nonNil(payload))
+	}
+	topic := []byte(r.cfg.Topic)
+	if beUint64(seq) == endSeq {
+		topic = []byte{}
+	}
+	return zmq4.NewMsgFrom(id, []byte{}, topic, seq, nonNil(payload))
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+func beUint64(b []byte) uint64 {
+	var u uint64
+	for _, c := range b {
+		u = u<<8 | uint64(c)
+	}
+	return u
+}
