@@ -226,8 +226,12 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	if maxTokens <= 0 {
 		maxTokens = r.cfg.MaxTokens
 	}
+	// Decode work owed is the output still to generate, in blocks. The
+	// prompt's KV footprint is not booked as decode work: counted that way
+	// one decoding request outweighs a whole prompt's cache hit, and the
+	// simulator shows the cache going unused (see BENCHMARKS.md).
 	outBlocks := (maxTokens + bs - 1) / bs
-	sreq := scoring.Request{Blocks: len(keys), ActiveBlocks: float64(len(keys) + outBlocks), SessionID: req.SessionID, Counter: r.count.Add(1) - 1}
+	sreq := scoring.Request{Blocks: len(keys), ActiveBlocks: float64(outBlocks), SessionID: req.SessionID, Counter: r.count.Add(1) - 1}
 
 	var res scoring.Result
 	for attempt := 0; ; attempt++ {
@@ -244,7 +248,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		uncached := int64(len(keys)) - int64(res.Scores[p].Matched)
 		lease := kvroute.Lease{
 			RequestID: d.RequestID, Model: req.Model, Replica: fleet[p].ID,
-			PrefillBlocks: max(uncached, 0), DecodeBlocks: int64(len(keys) + outBlocks),
+			PrefillBlocks: max(uncached, 0), DecodeBlocks: int64(outBlocks),
 			Expires: r.now().Add(r.leaseTTL(len(req.Tokens), maxTokens)),
 		}
 		// After a few lost races the booking goes through regardless: a

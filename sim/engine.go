@@ -1,0 +1,545 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Config is the fleet the workload is replayed on. The zero value of a field
+// takes the default of DefaultConfig.
+type Config struct {
+	// Replicas is the fleet size, 1..64.
+	Replicas int `json:"replicas"`
+	// CapacityBlocks is each engine's KV cache in blocks of the workload's
+	// block size; running requests pin their blocks, the rest is LRU cache.
+	CapacityBlocks int `json:"capacity_blocks"`
+	// PrefillTPS is prompt tokens computed per second (one prefill at a
+	// time per engine; cached blocks are skipped).
+	PrefillTPS float64 `json:"prefill_tps"`
+	// DecodeTPS is tokens per second per running request.
+	DecodeTPS float64 `json:"decode_tps"`
+	// MaxBatch bounds the requests an engine runs at once.
+	MaxBatch int `json:"max_batch"`
+	// EventDelay is how long an engine's cache events take to reach the
+	// router's index.
+	EventDelay time.Duration `json:"event_delay_ns"`
+	// EventLoss is the probability that one event batch (one admission's
+	// removals, one prefill's stores) never reaches the router.
+	EventLoss float64 `json:"event_loss"`
+	// DropRemovals loses every removal event: the router's index is then
+	// as stale as a text prefix tree that is not eviction-aware.
+	DropRemovals bool `json:"drop_removals"`
+	// RecordDecisions also records each dispatch as approximate entries
+	// (scoring's Approx), as the service does for replicas without events.
+	// They never expire in the simulator.
+	RecordDecisions bool `json:"record_decisions"`
+	// DecodeBooking is what the router's load view books as a request's
+	// decode blocks: BookOutput (output blocks only: the decode work the
+	// replica owes, what router/ books and the seed's section 3 batch
+	// model uses) or BookActive (prompt plus output blocks, the KV the
+	// request holds while it runs, Dynamo's "active blocks"; it lets one
+	// decoding request outweigh a whole prompt's cache hit). Empty means
+	// BookOutput.
+	DecodeBooking string `json:"decode_booking,omitempty"`
+	// Seed drives tie-breaks, power-of-two sampling and event loss.
+	Seed uint64 `json:"seed"`
+	// TimelineBins is the resolution of the load-over-time series (100).
+	TimelineBins int `json:"-"`
+}
+
+// DefaultConfig is an 8-replica fleet calibrated so that the Mooncake
+// synthetic trace loads it meaningfully: 10k prefill tokens/s, 30 decode
+// tokens/s per request, 64 requests a batch, and 2048 blocks of cache
+// (1M tokens at the trace's 512-token blocks: about a third of the trace's
+// distinct blocks fit in 8 replicas), events delivered after 10 ms with no
+// loss.
+func DefaultConfig() Config {
+	return Config{
+		Replicas:       8,
+		CapacityBlocks: 2048,
+		PrefillTPS:     10_000,
+		DecodeTPS:      30,
+		MaxBatch:       64,
+		EventDelay:     10 * time.Millisecond,
+		TimelineBins:   100,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Replicas == 0 {
+		c.Replicas = d.Replicas
+	}
+	if c.CapacityBlocks == 0 {
+		c.CapacityBlocks = d.CapacityBlocks
+	}
+	if c.PrefillTPS == 0 {
+		c.PrefillTPS = d.PrefillTPS
+	}
+	if c.DecodeTPS == 0 {
+		c.DecodeTPS = d.DecodeTPS
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = d.MaxBatch
+	}
+	if c.TimelineBins == 0 {
+		c.TimelineBins = d.TimelineBins
+	}
+	return c
+}
+
+// Validate rejects a fleet the model cannot run.
+func (c Config) Validate() error {
+	switch {
+	case c.Replicas < 1 || c.Replicas > 64:
+		return fmt.Errorf("sim: replicas must be in 1..64, got %d", c.Replicas)
+	case c.CapacityBlocks < 1:
+		return fmt.Errorf("sim: capacity must be >= 1 block, got %d", c.CapacityBlocks)
+	case !(c.PrefillTPS > 0) || !(c.DecodeTPS > 0) || math.IsInf(c.PrefillTPS, 0) || math.IsInf(c.DecodeTPS, 0):
+		return errors.New("sim: prefill and decode rates must be finite and > 0")
+	case c.MaxBatch < 1:
+		return fmt.Errorf("sim: max batch must be >= 1, got %d", c.MaxBatch)
+	case c.EventDelay < 0:
+		return errors.New("sim: event delay must be >= 0")
+	case c.DecodeBooking != "" && c.DecodeBooking != BookActive && c.DecodeBooking != BookOutput:
+		return fmt.Errorf("sim: decode booking must be %q or %q, got %q", BookActive, BookOutput, c.DecodeBooking)
+	case !(c.EventLoss >= 0 && c.EventLoss <= 1):
+		return fmt.Errorf("sim: event loss must be in 0..1, got %v", c.EventLoss)
+	}
+	return nil
+}
+
+// Decode bookings.
+const (
+	BookActive = "active"
+	BookOutput = "output"
+)
+
+type evKind uint8
+
+const (
+	evArrive evKind = iota
+	evPrefillDone
+	evDecodeDone
+	evStore
+	evRemove
+)
+
+type event struct {
+	at   time.Duration
+	seq  uint64
+	kind evKind
+	rep  int32
+	req  int32
+	keys []kvroute.BlockKey
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// reqState is what the run learns about one request.
+type reqState struct {
+	rep             int32
+	arrive, start   time.Duration
+	first, done     time.Duration
+	servedTok       int
+	believedTok     int
+	prefillBook     float64
+	decodeBook      float64
+	outBlocks       int
+	fresh           []kvroute.BlockKey
+	followers       []int32
+	routed, started bool
+	finished        bool
+}
+
+type engine struct {
+	cache   *blockCache
+	waiting []int32
+	wHead   int
+	busy    bool // prefilling
+	running int
+	anon    int // blocks held by decode output
+	// accounting
+	busyFrom, busySum   time.Duration // time with >= 1 running request
+	prefillSum          time.Duration
+	requests            int
+	promptTok, servedTk int64
+	outstanding         int
+}
+
+type loadView struct{ prefill, decode, reqs float64 }
+
+type change struct {
+	at    time.Duration
+	rep   int32
+	count int32
+}
+
+type run struct {
+	cfg     Config
+	sc      scoring.Config
+	w       *Workload
+	bt      int
+	now     time.Duration
+	seq     uint64
+	h       eventHeap
+	reqs    []reqState
+	eng     []engine
+	load    []loadView
+	index   map[kvroute.BlockKey]uint64
+	approx  map[kvroute.BlockKey]uint64
+	tie     *rand.Rand
+	loss    *rand.Rand
+	cands   []scoring.Candidate
+	gpu     []int
+	apx     []int
+	ids     []string
+	last    map[string]int32
+	sticky  [2]int
+	counter uint64
+	trail   []change
+	scratch []kvroute.BlockKey
+}
+
+func (r *run) push(e event) {
+	r.seq++
+	e.seq = r.seq
+	heap.Push(&r.h, e)
+}
+
+// Run replays w on cfg's fleet, routing every request with scoring.Pick
+// under sc, and reports what the engines did. The same inputs give the same
+// report.
+func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	if err := sc.Validate(); err != nil {
+		return Report{}, err
+	}
+	if w.BlockTokens <= 0 {
+		return Report{}, errors.New("sim: workload block tokens must be > 0")
+	}
+	for i, q := range w.Requests {
+		if q.Follows < 0 || q.Follows > i {
+			return Report{}, fmt.Errorf("sim: request %d follows %d, which is not earlier", i, q.Follows-1)
+		}
+	}
+	n := cfg.Replicas
+	r := &run{
+		cfg: cfg, sc: sc, w: &w, bt: w.BlockTokens,
+		reqs:   make([]reqState, len(w.Requests)),
+		eng:    make([]engine, n),
+		load:   make([]loadView, n),
+		index:  make(map[kvroute.BlockKey]uint64),
+		approx: make(map[kvroute.BlockKey]uint64),
+		tie:    rand.New(rand.NewPCG(cfg.Seed, 1)),
+		loss:   rand.New(rand.NewPCG(cfg.Seed, 2)),
+		cands:  make([]scoring.Candidate, n),
+		gpu:    make([]int, n),
+		apx:    make([]int, n),
+		ids:    make([]string, n),
+		last:   make(map[string]int32),
+	}
+	for i := range r.eng {
+		r.eng[i].cache = newBlockCache()
+		r.ids[i] = "r" + strconv.Itoa(i)
+	}
+	for i, chains := range w.Warm {
+		if i >= n {
+			break
+		}
+		for _, ch := range chains {
+			for _, k := range ch {
+				r.eng[i].cache.touch(k)
+				r.index[k] |= 1 << uint(i)
+			}
+		}
+		r.eng[i].cache.evictTo(cfg.CapacityBlocks, nil)
+	}
+	for i, q := range w.Requests {
+		if q.Follows > 0 {
+			r.reqs[q.Follows-1].followers = append(r.reqs[q.Follows-1].followers, int32(i))
+			continue
+		}
+		r.push(event{at: q.Arrival, kind: evArrive, req: int32(i)})
+	}
+	steps := 0
+	for r.h.Len() > 0 {
+		if steps++; steps&1023 == 0 {
+			if err := ctx.Err(); err != nil {
+				return Report{}, err
+			}
+		}
+		e := heap.Pop(&r.h).(event)
+		r.now = e.at
+		switch e.kind {
+		case evArrive:
+			if err := r.arrive(e.req); err != nil {
+				return Report{}, err
+			}
+		case evPrefillDone:
+			r.prefillDone(e.req)
+		case evDecodeDone:
+			r.decodeDone(e.req)
+		case evStore:
+			r.apply(true, int(e.rep), e.keys)
+		case evRemove:
+			r.apply(false, int(e.rep), e.keys)
+		}
+	}
+	return r.report(), nil
+}
+
+// arrive routes a request: candidates from the router's index and load
+// view, one scoring.Pick, then booking and hand-off to the engine.
+func (r *run) arrive(i int32) error {
+	q := &r.w.Requests[i]
+	st := &r.reqs[i]
+	st.arrive = r.now
+	r.matched(r.index, q.Keys, r.gpu)
+	if r.cfg.RecordDecisions {
+		r.matched(r.approx, q.Keys, r.apx)
+	}
+	outBlocks := (q.OutputTokens + r.bt - 1) / r.bt
+	active := float64(outBlocks)
+	if r.cfg.DecodeBooking == BookActive {
+		active = float64(len(q.Keys) + outBlocks)
+	}
+	for j := range r.cands {
+		l := r.load[j]
+		r.cands[j] = scoring.Candidate{
+			ID: r.ids[j], Routable: true, GPU: r.gpu[j], Any: r.gpu[j], Approx: r.apx[j],
+			Load: scoring.Load{Prefill: l.prefill, Decode: l.decode, Requests: l.reqs},
+		}
+	}
+	res, err := scoring.Pick(r.sc, scoring.Request{Blocks: len(q.Keys), ActiveBlocks: active, SessionID: q.Session, Counter: r.counter}, r.cands, r.tie)
+	r.counter++
+	if err != nil {
+		return fmt.Errorf("sim: request %d: %w", i, err)
+	}
+	p := res.Pick
+	believed := r.gpu[p]
+	if r.cfg.RecordDecisions && r.apx[p] > believed {
+		believed = r.apx[p]
+	}
+	st.rep, st.routed = int32(p), true
+	st.believedTok = min(believed*r.bt, q.PromptTokens)
+	st.prefillBook = float64(max(len(q.Keys)-believed, 0))
+	st.decodeBook = active
+	st.outBlocks = outBlocks
+	r.load[p].prefill += st.prefillBook
+	r.load[p].decode += st.decodeBook
+	r.load[p].reqs++
+	if r.cfg.RecordDecisions {
+		bit := uint64(1) << uint(p)
+		for _, k := range q.Keys {
+			r.approx[k] |= bit
+		}
+	}
+	if q.Session != "" {
+		if prev, ok := r.last[q.Session]; ok {
+			r.sticky[1]++
+			if prev == int32(p) {
+				r.sticky[0]++
+			}
+		}
+		r.last[q.Session] = int32(p)
+	}
+	e := &r.eng[p]
+	e.requests++
+	e.outstanding++
+	r.trail = append(r.trail, change{r.now, int32(p), int32(e.outstanding)})
+	e.waiting = append(e.waiting, i)
+	r.tryStart(p)
+	return nil
+}
+
+// matched writes each replica's count of leading keys held per ix, in one
+// descent over a replica bitmask.
+func (r *run) matched(ix map[kvroute.BlockKey]uint64, keys []kvroute.BlockKey, out []int) {
+	clear(out)
+	alive := uint64(1)<<uint(r.cfg.Replicas) - 1
+	if r.cfg.Replicas == 64 {
+		alive = ^uint64(0)
+	}
+	for d, k := range keys {
+		h := ix[k] & alive
+		for gone := alive &^ h; gone != 0; gone &= gone - 1 {
+			out[bits.TrailingZeros64(gone)] = d
+		}
+		alive = h
+		if alive == 0 {
+			return
+		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		out[bits.TrailingZeros64(alive)] = len(keys)
+	}
+}
+
+// tryStart admits waiting requests in FIFO order while the engine has a
+// free prefill slot, batch room and memory.
+func (r *run) tryStart(p int) {
+	e := &r.eng[p]
+	for !e.busy && e.wHead < len(e.waiting) && e.running < r.cfg.MaxBatch {
+		i := e.waiting[e.wHead]
+		q := &r.w.Requests[i]
+		st := &r.reqs[i]
+		need := e.cache.pinned + e.cache.newPins(q.Keys) + e.anon + st.outBlocks
+		if need > r.cfg.CapacityBlocks && e.running > 0 {
+			return // head-of-line: wait for memory
+		}
+		e.wHead++
+		if e.wHead == len(e.waiting) {
+			e.waiting, e.wHead = e.waiting[:0], 0
+		}
+		served := e.cache.match(q.Keys)
+		st.servedTok = min(served*r.bt, q.PromptTokens)
+		for _, k := range q.Keys {
+			if e.cache.pin(k) {
+				st.fresh = append(st.fresh, k)
+			}
+		}
+		e.anon += st.outBlocks
+		r.evict(p)
+		st.start, st.started = r.now, true
+		if e.running == 0 {
+			e.busyFrom = r.now
+		}
+		e.running++
+		e.busy = true
+		e.promptTok += int64(q.PromptTokens)
+		e.servedTk += int64(st.servedTok)
+		d := seconds(float64(max(q.PromptTokens-st.servedTok, 1)) / r.cfg.PrefillTPS)
+		e.prefillSum += d
+		r.push(event{at: r.now + d, kind: evPrefillDone, rep: int32(p), req: i})
+	}
+}
+
+func (r *run) evict(p int) {
+	e := &r.eng[p]
+	r.scratch = e.cache.evictTo(max(r.cfg.CapacityBlocks-e.anon, 0), r.scratch[:0])
+	if len(r.scratch) > 0 {
+		r.emit(false, p, append([]kvroute.BlockKey(nil), r.scratch...))
+	}
+}
+
+// emit sends one event batch towards the router, subject to loss and delay.
+func (r *run) emit(store bool, p int, keys []kvroute.BlockKey) {
+	if !store && r.cfg.DropRemovals {
+		return
+	}
+	if r.cfg.EventLoss > 0 && r.loss.Float64() < r.cfg.EventLoss {
+		return
+	}
+	if r.cfg.EventDelay == 0 {
+		r.apply(store, p, keys)
+		return
+	}
+	k := evRemove
+	if store {
+		k = evStore
+	}
+	r.push(event{at: r.now + r.cfg.EventDelay, kind: k, rep: int32(p), keys: keys})
+}
+
+func (r *run) apply(store bool, p int, keys []kvroute.BlockKey) {
+	bit := uint64(1) << uint(p)
+	for _, k := range keys {
+		if store {
+			r.index[k] |= bit
+		} else if v, ok := r.index[k]; ok {
+			if v &^= bit; v == 0 {
+				delete(r.index, k)
+			} else {
+				r.index[k] = v
+			}
+		}
+	}
+}
+
+func (r *run) prefillDone(i int32) {
+	st := &r.reqs[i]
+	q := &r.w.Requests[i]
+	p := int(st.rep)
+	e := &r.eng[p]
+	e.busy = false
+	st.first = r.now
+	if len(st.fresh) > 0 {
+		r.emit(true, p, st.fresh)
+		st.fresh = nil
+	}
+	r.load[p].prefill -= st.prefillBook
+	d := seconds(float64(max(q.OutputTokens-1, 0)) / r.cfg.DecodeTPS)
+	r.push(event{at: r.now + d, kind: evDecodeDone, rep: int32(p), req: i})
+	r.tryStart(p)
+}
+
+func (r *run) decodeDone(i int32) {
+	st := &r.reqs[i]
+	q := &r.w.Requests[i]
+	p := int(st.rep)
+	e := &r.eng[p]
+	st.done, st.finished = r.now, true
+	// Release tail first so that, as in vLLM's free queue, a prompt's head
+	// blocks are the most recently used and evicted last.
+	for j := len(q.Keys) - 1; j >= 0; j-- {
+		e.cache.unpin(q.Keys[j])
+	}
+	e.anon -= st.outBlocks
+	var stored []kvroute.BlockKey
+	for j := len(q.DecodeKeys) - 1; j >= 0; j-- {
+		if e.cache.touch(q.DecodeKeys[j]) {
+			stored = append(stored, q.DecodeKeys[j])
+		}
+	}
+	if len(stored) > 0 {
+		r.emit(true, p, stored)
+	}
+	r.evict(p)
+	e.running--
+	if e.running == 0 {
+		e.busySum += r.now - e.busyFrom
+	}
+	e.outstanding--
+	r.trail = append(r.trail, change{r.now, int32(p), int32(e.outstanding)})
+	r.load[p].decode -= st.decodeBook
+	r.load[p].reqs--
+	if r.load[p].reqs == 0 { // shed float drift
+		r.load[p] = loadView{}
+	}
+	for _, f := range st.followers {
+		r.push(event{at: r.now + r.w.Requests[f].Arrival, kind: evArrive, req: f})
+	}
+	r.tryStart(p)
+}
+
+func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }

@@ -1,0 +1,223 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Report is one policy's replay. Its JSON form is stable: fields are only
+// ever added. Times are milliseconds (suffix _ms) or seconds (suffix _s);
+// rates are fractions in 0..1.
+type Report struct {
+	// Policy is the scoring policy; Weights the full scoring config used.
+	Policy  scoring.Policy `json:"policy"`
+	Weights scoring.Config `json:"weights"`
+	// Workload names the workload; Replicas is the fleet size.
+	Workload string `json:"workload"`
+	Replicas int    `json:"replicas"`
+	// Requests is the workload size; Completed how many finished.
+	Requests  int `json:"requests"`
+	Completed int `json:"completed"`
+	// HitRate is prompt tokens the engines served from their caches at
+	// admission over all prompt tokens (token-weighted, as vLLM's
+	// prefix_cache_hits / prefix_cache_queries).
+	HitRate float64 `json:"hit_rate"`
+	// BelievedHitRate is the same ratio from the router's index at decision
+	// time; PhantomHitRate = BelievedHitRate - HitRate (stale optimism).
+	BelievedHitRate float64 `json:"believed_hit_rate"`
+	PhantomHitRate  float64 `json:"phantom_hit_rate"`
+	// TTFT is arrival to first token; E2E arrival to last token; Queue
+	// arrival to admission by the engine.
+	TTFT  Dist `json:"ttft_ms"`
+	E2E   Dist `json:"e2e_ms"`
+	Queue Dist `json:"queue_ms"`
+	// MakespanS is first arrival to last completion, in seconds.
+	MakespanS float64 `json:"makespan_s"`
+	// LoadCV is the coefficient of variation across replicas of each
+	// replica's time-averaged outstanding requests (routed, not finished)
+	// over the makespan; 0 is perfect balance.
+	LoadCV float64 `json:"load_cv"`
+	// BusyCV is the coefficient of variation of per-replica busy time.
+	BusyCV float64 `json:"busy_cv"`
+	// Stickiness is the share of requests with a session predecessor that
+	// went to the replica that served that predecessor.
+	Stickiness float64 `json:"stickiness"`
+	// PerReplica holds each replica's totals, in replica order.
+	PerReplica []ReplicaStats `json:"per_replica"`
+	// Timeline is outstanding requests per replica (outer index) averaged
+	// over TimelineBins equal bins of the makespan. Not in JSON.
+	Timeline [][]float64 `json:"-"`
+}
+
+// Dist summarizes a latency distribution in milliseconds.
+type Dist struct {
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+	Mean float64 `json:"mean"`
+	Max  float64 `json:"max"`
+}
+
+// ReplicaStats is one replica's share of the replay.
+type ReplicaStats struct {
+	Requests int `json:"requests"`
+	// HitRate is this replica's served-from-cache share of its prompt tokens.
+	HitRate float64 `json:"hit_rate"`
+	// BusyS is time with at least one running request; PrefillS time
+	// spent computing prompts.
+	BusyS    float64 `json:"busy_s"`
+	PrefillS float64 `json:"prefill_s"`
+	// MeanOutstanding is the time-averaged number of requests routed to
+	// the replica and not yet finished.
+	MeanOutstanding float64 `json:"mean_outstanding"`
+}
+
+func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
+
+// round keeps JSON short and stable across platforms' last-bit noise.
+func round(x float64, digits int) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	p := math.Pow(10, float64(digits))
+	return math.Round(x*p) / p
+}
+
+func dist(xs []time.Duration) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	slices.Sort(xs)
+	var sum float64
+	for _, x := range xs {
+		sum += float64(x)
+	}
+	q := func(p float64) time.Duration {
+		i := int(math.Ceil(p*float64(len(xs)))) - 1
+		return xs[min(max(i, 0), len(xs)-1)]
+	}
+	return Dist{P50: ms(q(0.50)), P99: ms(q(0.99)), Mean: ms(time.Duration(sum / float64(len(xs)))), Max: ms(xs[len(xs)-1])}
+}
+
+func cv(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var mean, sq float64
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	if mean == 0 {
+		return 0
+	}
+	for _, x := range xs {
+		sq += (x - mean) * (x - mean)
+	}
+	return math.Sqrt(sq/float64(len(xs))) / mean
+}
+
+func (r *run) report() Report {
+	n := r.cfg.Replicas
+	rep := Report{
+		Policy: r.sc.Policy, Weights: r.sc, Workload: r.w.Name, Replicas: n,
+		Requests: len(r.w.Requests), PerReplica: make([]ReplicaStats, n),
+	}
+	if rep.Policy == "" {
+		rep.Policy = scoring.PolicyKV
+	}
+	var prompt, served, believed int64
+	var ttft, e2e, queue []time.Duration
+	start, end := time.Duration(math.MaxInt64), time.Duration(0)
+	for i := range r.reqs {
+		st := &r.reqs[i]
+		q := &r.w.Requests[i]
+		if !st.routed {
+			continue
+		}
+		start = min(start, st.arrive)
+		prompt += int64(q.PromptTokens)
+		believed += int64(st.believedTok)
+		if !st.finished {
+			continue
+		}
+		rep.Completed++
+		served += int64(st.servedTok)
+		end = max(end, st.done)
+		ttft = append(ttft, st.first-st.arrive)
+		e2e = append(e2e, st.done-st.arrive)
+		queue = append(queue, st.start-st.arrive)
+	}
+	if rep.Completed == 0 {
+		return rep
+	}
+	rep.HitRate = round(float64(served)/float64(max(prompt, 1)), 6)
+	rep.BelievedHitRate = round(float64(believed)/float64(max(prompt, 1)), 6)
+	rep.PhantomHitRate = round(rep.BelievedHitRate-rep.HitRate, 6)
+	rep.TTFT, rep.E2E, rep.Queue = dist(ttft), dist(e2e), dist(queue)
+	span := end - start
+	rep.MakespanS = round(span.Seconds(), 6)
+	if r.sticky[1] > 0 {
+		rep.Stickiness = round(float64(r.sticky[0])/float64(r.sticky[1]), 6)
+	}
+
+	// Integrate outstanding requests per replica over time, overall and
+	// per timeline bin.
+	bins := r.cfg.TimelineBins
+	rep.Timeline = make([][]float64, n)
+	for i := range rep.Timeline {
+		rep.Timeline[i] = make([]float64, bins)
+	}
+	area := make([]float64, n)
+	lastT := make([]time.Duration, n)
+	lastC := make([]int32, n)
+	for i := range lastT {
+		lastT[i] = start
+	}
+	binW := float64(span) / float64(bins)
+	add := func(p int, from, to time.Duration, c int32) {
+		if to <= from || c == 0 {
+			return
+		}
+		area[p] += float64(c) * float64(to-from)
+		if binW <= 0 {
+			return
+		}
+		a, b := float64(from-start), float64(to-start)
+		for k := int(a / binW); k < bins && float64(k)*binW < b; k++ {
+			lo, hi := math.Max(a, float64(k)*binW), math.Min(b, float64(k+1)*binW)
+			if hi > lo {
+				rep.Timeline[p][k] += float64(c) * (hi - lo) / binW
+			}
+		}
+	}
+	for _, ch := range r.trail {
+		add(int(ch.rep), lastT[ch.rep], ch.at, lastC[ch.rep])
+		lastT[ch.rep], lastC[ch.rep] = ch.at, ch.count
+	}
+	mean := make([]float64, n)
+	busy := make([]float64, n)
+	for p := range n {
+		e := &r.eng[p]
+		if span > 0 {
+			mean[p] = area[p] / float64(span)
+		}
+		busy[p] = e.busySum.Seconds()
+		hr := 0.0
+		if e.promptTok > 0 {
+			hr = float64(e.servedTk) / float64(e.promptTok)
+		}
+		rep.PerReplica[p] = ReplicaStats{
+			Requests: e.requests, HitRate: round(hr, 6), BusyS: round(busy[p], 3),
+			PrefillS: round(e.prefillSum.Seconds(), 3), MeanOutstanding: round(mean[p], 4),
+		}
+		for k := range rep.Timeline[p] {
+			rep.Timeline[p][k] = round(rep.Timeline[p][k], 3)
+		}
+	}
+	rep.LoadCV = round(cv(mean), 6)
+	rep.BusyCV = round(cv(busy), 6)
+	return rep
+}
