@@ -1,0 +1,147 @@
+// Package redistest gives tests a Redis to talk to: a real redis-server
+// started for the test (the behaviour production sees, Lua included) or an
+// in-process miniredis (fast, for unit tests that need no real server).
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// EnvURL names a Redis to use instead of starting one; it is flushed first.
+const EnvURL = "KVROUTE_TEST_REDIS_URL"
+
+// Server returns the redis:// URL of a real redis-server started for this
+// test on a free loopback port, without persistence, and stopped when the
+// test ends. When KVROUTE_TEST_REDIS_URL is set, that server is flushed and
+// used instead. Without redis-server the test is skipped, or fails when CI
+// is set, so that CI cannot pass by skipping.
+func Server(tb testing.TB) string {
+	tb.Helper()
+	if url := os.Getenv(EnvURL); url != "" {
+		flush(tb, url)
+		return url
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			tb.Fatalf("redistest: redis-server not installed (CI is set): %v", err)
+		}
+		tb.Skipf("redistest: redis-server not installed; install it or set %s", EnvURL)
+	}
+	var last error
+	// A port found free may be taken before redis-server binds it: retry.
+	for range 5 {
+		url, err := start(tb, bin)
+		if err == nil {
+			return url
+		}
+		last = err
+	}
+	tb.Fatalf("redistest: starting redis-server: %v", last)
+	return ""
+}
+
+func start(tb testing.TB, bin string) (string, error) {
+	tb.Helper()
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--protected-mode", "no")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			return "", fmt.Errorf("redis-server exited: %v: %s", err, out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := c.Info(ctx, "server").Result()
+		cancel()
+		if err == nil {
+			tb.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+			})
+			tb.Logf("real redis-server %s at %s", infoField(info, "redis_version"), addr)
+			return "redis://" + addr, nil
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			return "", fmt.Errorf("redis-server at %s not ready: %v: %s", addr, err, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func infoField(info, name string) string {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+func flush(tb testing.TB, url string) {
+	tb.Helper()
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		tb.Fatalf("redistest: %s: %v", EnvURL, err)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		tb.Fatalf("redistest: %s=%s: %v", EnvURL, url, err)
+	}
+	if err := c.FlushAll(ctx).Err(); err != nil {
+		tb.Fatalf("redistest: flushall %s: %v", url, err)
+	}
+	tb.Logf("real redis-server %s at %s (from %s)", infoField(info, "redis_version"), o.Addr, EnvURL)
+}
+
+// Miniredis returns the redis:// URL of an in-process miniredis that lives
+// as long as the test. It runs Lua, but it is not Redis: tests of anything
+// performance- or semantics-critical should also run on Server.
+func Miniredis(tb testing.TB) string {
+	tb.Helper()
+	m := miniredis.RunT(tb)
+	return "redis://" + m.Addr()
+}

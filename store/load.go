@@ -1,0 +1,213 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+	"github.com/redis/go-redis/v9"
+)
+
+// sweepBatch bounds one sweep script so that a backlog of expired leases
+// never blocks Redis for long; SweepExpired loops until it is drained.
+const sweepBatch = 500
+
+// Reserve books lease on lease.Replica if that replica's load Version still
+// equals ifVersion (ifVersion < 0 books unconditionally). When the version
+// moved on, nothing is booked and cur is the replica's current load, so the
+// caller can score again. A request id that already holds a lease is not
+// booked twice: Reserve reports booked=true (a retry of a booking that went
+// through).
+//
+// The request id -> model entry that Advance and Release need is written in
+// the same pipeline, so a decision costs one round trip.
+func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (booked bool, cur kvroute.Load, err error) {
+	switch {
+	case lease.RequestID == "":
+		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "request_id", Msg: "is required"})
+	case lease.Model == "" || lease.Replica == "":
+		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "replica", Msg: "and model are required"})
+	case lease.PrefillBlocks < 0 || lease.DecodeBlocks < 0:
+		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "blocks", Msg: "must not be negative"})
+	}
+	keys := []string{loadKey(lease.Model)}
+	args := []any{prefix(lease.Model), lease.RequestID, lease.Replica,
+		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
+		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10)}
+	var res *redis.Cmd
+	run := func(sha bool) error {
+		_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.HSet(ctx, keyRequests, lease.RequestID, lease.Model)
+			if sha {
+				res = scriptReserve.EvalSha(ctx, p, keys, args...)
+			} else {
+				res = scriptReserve.Eval(ctx, p, keys, args...)
+			}
+			return nil
+		})
+		return err
+	}
+	err = run(true)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		err = run(false)
+	}
+	if err != nil {
+		return false, cur, wrap("reserve", err)
+	}
+	v, err := res.Slice()
+	if err != nil || len(v) < 1 {
+		return false, cur, wrap("reserve", err)
+	}
+	var booked1, scraped any
+	if len(v) > 1 {
+		booked1 = v[1]
+	}
+	if len(v) > 2 {
+		scraped = v[2]
+	}
+	if cur, err = parseLoad(booked1, scraped); err != nil {
+		return false, cur, fmt.Errorf("store: reserve: %w", err)
+	}
+	if asInt(v[0]) == 0 {
+		// Not booked: the id -> model entry written above points at nothing.
+		if err := s.c.HDel(ctx, keyRequests, lease.RequestID).Err(); err != nil {
+			s.log.Warn("store: reserve: dropping request entry", "request", lease.RequestID, "err", err)
+		}
+		return false, cur, nil
+	}
+	return true, cur, nil
+}
+
+// Advance marks the request's first token: its prefill blocks are released,
+// its decode blocks stay booked. It reports whether anything changed; a
+// second call, or a call for an unknown or released request, is a no-op.
+func (s *Store) Advance(ctx context.Context, requestID string) (bool, error) {
+	return s.unbook(ctx, "advance", scriptAdvance, requestID, false)
+}
+
+// Release ends the request: everything its lease booked is released. It
+// reports false for an unknown or already released request.
+func (s *Store) Release(ctx context.Context, requestID string) (bool, error) {
+	return s.unbook(ctx, "release", scriptRelease, requestID, true)
+}
+
+func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id string, full bool) (bool, error) {
+	model, err := s.c.HGet(ctx, keyRequests, id).Result()
+	if err == redis.Nil {
+		return false, nil
+	} else if err != nil {
+		return false, wrap(op, err)
+	}
+	n, err := sc.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), id).Int()
+	if err != nil {
+		return false, wrap(op, err)
+	}
+	if full {
+		if err := s.c.HDel(ctx, keyRequests, id).Err(); err != nil {
+			return n == 1, wrap(op, err)
+		}
+	}
+	return n == 1, nil
+}
+
+// SweepExpired releases the model's leases whose expiry is before Now: the
+// bookings of scoring pods that died mid-request. It returns how many it
+// released.
+func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
+	total := 0
+	now := strconv.FormatInt(ms(s.now()), 10)
+	for {
+		v, err := scriptSweep.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), now, sweepBatch).Slice()
+		if err != nil {
+			return total, wrap("sweep", err)
+		}
+		if len(v) != 2 {
+			return total, fmt.Errorf("store: sweep: unexpected reply %v", v)
+		}
+		seen := asInt(v[0])
+		done, _ := v[1].([]any)
+		ids := make([]string, 0, len(done))
+		for _, d := range done {
+			if id, ok := d.(string); ok {
+				ids = append(ids, id)
+			}
+		}
+		total += len(ids)
+		if len(ids) > 0 {
+			if err := s.c.HDel(ctx, keyRequests, ids...).Err(); err != nil {
+				return total, wrap("sweep", err)
+			}
+		}
+		if seen < sweepBatch {
+			return total, nil
+		}
+	}
+}
+
+// Loads returns each replica's load, in order; a replica with no bookings
+// and no scrape has a zero Load.
+func (s *Store) Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error) {
+	if len(replicas) == 0 {
+		return nil, nil
+	}
+	fields := make([]string, 0, 2*len(replicas))
+	for _, r := range replicas {
+		fields = append(fields, r, r+"#s")
+	}
+	v, err := s.c.HMGet(ctx, loadKey(model), fields...).Result()
+	if err != nil {
+		return nil, wrap("loads", err)
+	}
+	out := make([]kvroute.Load, len(replicas))
+	for i := range out {
+		if out[i], err = parseLoad(v[2*i], v[2*i+1]); err != nil {
+			return nil, fmt.Errorf("store: loads: %s: %w", replicas[i], err)
+		}
+	}
+	return out, nil
+}
+
+// SetScraped records what the replica's /metrics said. It is kept apart
+// from booked load (field "<replica>#s") so that a scrape never races a
+// booking and needs no script.
+func (s *Store) SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error {
+	v := strconv.FormatInt(waiting, 10) + "," + strconv.FormatInt(running, 10) + "," + strconv.FormatFloat(kvUsage, 'g', -1, 64)
+	return wrap("set scraped", s.c.HSet(ctx, loadKey(model), replica+"#s", v).Err())
+}
+
+// parseLoad decodes a booked value "prefill,decode,requests,version" and a
+// scraped value "waiting,running,kvusage"; either may be absent (nil).
+func parseLoad(booked, scraped any) (kvroute.Load, error) {
+	var l kvroute.Load
+	if b, ok := booked.(string); ok {
+		f := strings.Split(b, ",")
+		if len(f) != 4 {
+			return l, fmt.Errorf("bad load %q", b)
+		}
+		var err error
+		for i, p := range []*int64{&l.PrefillBlocks, &l.DecodeBlocks, &l.Requests, &l.Version} {
+			if *p, err = strconv.ParseInt(f[i], 10, 64); err != nil {
+				return l, fmt.Errorf("bad load %q: %w", b, err)
+			}
+		}
+	}
+	if sc, ok := scraped.(string); ok {
+		f := strings.Split(sc, ",")
+		if len(f) != 3 {
+			return l, fmt.Errorf("bad scraped load %q", sc)
+		}
+		var err error
+		if l.Waiting, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
+		}
+		if l.Running, err = strconv.ParseInt(f[1], 10, 64); err != nil {
+			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
+		}
+		if l.KVUsage, err = strconv.ParseFloat(f[2], 64); err != nil {
+			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
+		}
+	}
+	return l, nil
+}

@@ -1,0 +1,183 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/redis/go-redis/v9"
+)
+
+// The registry is one hash, kvr:replicas: replica id -> JSON, plus the
+// field "#v", a version bumped in the same MULTI as every change so that
+// ingestors notice changes by polling one number. Keeping the version in the
+// same key keeps each change a single-key transaction in Redis Cluster.
+
+// PutReplica adds or replaces a replica. A replica that moves to another
+// model leaves its old model's index and load state behind, so it is purged.
+func (s *Store) PutReplica(ctx context.Context, r kvroute.Replica) error {
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("store: put replica: %w", err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("store: put replica: %w", err)
+	}
+	old, err := s.GetReplica(ctx, r.ID)
+	if err != nil && !errors.Is(err, kvroute.ErrNotFound) {
+		return err
+	}
+	_, err = s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, keyReplicas, r.ID, b)
+		p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
+		return nil
+	})
+	if err != nil {
+		return wrap("put replica", err)
+	}
+	if old.Model != "" && old.Model != r.Model {
+		if err := s.PurgeReplica(ctx, old.Model, r.ID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// GetReplica returns the replica registered under id, or an error wrapping
+// kvroute.ErrNotFound.
+func (s *Store) GetReplica(ctx context.Context, id string) (kvroute.Replica, error) {
+	if id == fieldRegVer {
+		return kvroute.Replica{}, fmt.Errorf("store: get replica %q: %w", id, kvroute.ErrNotFound)
+	}
+	b, err := s.c.HGet(ctx, keyReplicas, id).Bytes()
+	if err == redis.Nil {
+		return kvroute.Replica{}, fmt.Errorf("store: get replica %q: %w", id, kvroute.ErrNotFound)
+	} else if err != nil {
+		return kvroute.Replica{}, wrap("get replica", err)
+	}
+	var r kvroute.Replica
+	if err := json.Unmarshal(b, &r); err != nil {
+		return kvroute.Replica{}, fmt.Errorf("store: get replica %q: %w", id, err)
+	}
+	return r, nil
+}
+
+// DeleteReplica removes a replica from the registry and purges its index,
+// approximate entries, load and leases.
+func (s *Store) DeleteReplica(ctx context.Context, id string) error {
+	r, err := s.GetReplica(ctx, id)
+	if err != nil {
+		return err
+	}
+	_, err = s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HDel(ctx, keyReplicas, id)
+		p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
+		return nil
+	})
+	if err != nil {
+		return wrap("delete replica", err)
+	}
+	if err := s.PurgeReplica(ctx, r.Model, id); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ListReplicas returns every registered replica, sorted by ID.
+func (s *Store) ListReplicas(ctx context.Context) ([]kvroute.Replica, error) {
+	m, err := s.c.HGetAll(ctx, keyReplicas).Result()
+	if err != nil {
+		return nil, wrap("list replicas", err)
+	}
+	out := make([]kvroute.Replica, 0, len(m))
+	for id, b := range m {
+		if id == fieldRegVer {
+			continue
+		}
+		var r kvroute.Replica
+		if err := json.Unmarshal([]byte(b), &r); err != nil {
+			return nil, fmt.Errorf("store: list replicas: %q: %w", id, err)
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// RegistryVersion returns a number that changes on every registry change.
+func (s *Store) RegistryVersion(ctx context.Context) (int64, error) {
+	v, err := s.c.HGet(ctx, keyReplicas, fieldRegVer).Result()
+	if err == redis.Nil {
+		return 0, nil
+	} else if err != nil {
+		return 0, wrap("registry version", err)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("store: registry version: %w", err)
+	}
+	return n, nil
+}
+
+// SetHealth records a probe's outcome on the registered replica. The
+// registry version moves only when the health changes, so that routine
+// probes do not make every ingestor reload.
+func (s *Store) SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error {
+	for range 16 {
+		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
+			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
+			if err == redis.Nil || id == fieldRegVer {
+				return fmt.Errorf("replica %q: %w", id, kvroute.ErrNotFound)
+			} else if err != nil {
+				return err
+			}
+			var r kvroute.Replica
+			if err := json.Unmarshal(b, &r); err != nil {
+				return err
+			}
+			changed := r.Health != h
+			r.Health, r.Checked = h, at
+			nb, err := json.Marshal(r)
+			if err != nil {
+				return err
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.HSet(ctx, keyReplicas, id, nb)
+				if changed {
+					p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
+				}
+				return nil
+			})
+			return err
+		}, keyReplicas)
+		if err == redis.TxFailedErr {
+			continue
+		}
+		return wrap("set health", err)
+	}
+	return fmt.Errorf("store: set health %q: too much contention", id)
+}
+
+// Acquire takes or renews the ownership lease name for owner (an ingestor
+// sharing out replicas): true if owner holds it for ttl from now.
+func (s *Store) Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	if ttl < time.Millisecond {
+		return false, fmt.Errorf("store: acquire: ttl %v: %w", ttl, kvroute.ErrInvalidInput)
+	}
+	n, err := scriptAcquire.Run(ctx, s.c, []string{ownKey(name)}, owner, ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, wrap("acquire", err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseOwnership gives up owner's lease on name; someone else's lease is
+// left alone.
+func (s *Store) ReleaseOwnership(ctx context.Context, name, owner string) error {
+	return wrap("release ownership", scriptDisown.Run(ctx, s.c, []string{ownKey(name)}, owner).Err())
+}

@@ -1,0 +1,169 @@
+// Package store keeps all of kvroute's routing state in Redis: the block
+// index fed by engine events, approximate entries for replicas that publish
+// none, per-replica load with expiring leases, the replica registry and the
+// ingestors' ownership leases. Scoring pods hold nothing that matters, so
+// every pod sees the same index and load, and a pod that dies loses nothing.
+//
+// Every key of one model carries the hash tag {m:<model>}, so each Lua
+// script touches a single slot and Redis Cluster spreads models over shards.
+package store
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultApproxTTL is how long an approximate entry is trusted: long enough
+// to carry a conversation's next turn, short enough that a replica's real
+// eviction does not go unnoticed for long.
+const DefaultApproxTTL = 10 * time.Minute
+
+// Options configures a Store. The zero value is usable.
+type Options struct {
+	// Now is the clock; tests inject their own. Defaults to time.Now.
+	Now func() time.Time
+	// Logger receives operational messages. Defaults to slog.Default().
+	Logger *slog.Logger
+	// ApproxTTL is the lifetime of approximate entries; default DefaultApproxTTL.
+	ApproxTTL time.Duration
+}
+
+// Store is kvroute's Redis state. It is safe for concurrent use.
+type Store struct {
+	c         redis.UniversalClient
+	now       func() time.Time
+	log       *slog.Logger
+	approxTTL time.Duration
+}
+
+// New returns a Store over c. The Store owns c: Close closes it.
+func New(c redis.UniversalClient, opt Options) *Store {
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.approxTTL <= 0 {
+		s.approxTTL = DefaultApproxTTL
+	}
+	return s
+}
+
+// Open connects to the Redis server at url (redis:// or rediss://) and
+// checks that it answers, so that a bad address fails at startup rather
+// than on the first request.
+func Open(ctx context.Context, url string, opt Options) (*Store, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	s := New(redis.NewClient(o), opt)
+	if err := s.c.Ping(ctx).Err(); err != nil {
+		_ = s.Close()
+		return nil, wrap("open "+o.Addr, err)
+	}
+	return s, nil
+}
+
+// Close closes the Redis client.
+func (s *Store) Close() error { return s.c.Close() }
+
+// Ping checks that Redis answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return wrap("ping", s.c.Ping(ctx).Err())
+}
+
+// wrap prefixes err with the operation and marks connectivity failures with
+// kvroute.ErrUnavailable, which callers turn into degraded-mode routing.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if unavailable(err) {
+		return fmt.Errorf("store: %s: %w: %w", op, kvroute.ErrUnavailable, err)
+	}
+	return fmt.Errorf("store: %s: %w", op, err)
+}
+
+// unavailable reports whether err means Redis could not be reached (as
+// opposed to Redis rejecting the command).
+func unavailable(err error) bool {
+	var ne net.Error
+	switch {
+	case errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout),
+		errors.Is(err, redis.ErrPoolExhausted),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
+		return true
+	}
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+//go:embed lua/*.lua
+var luaFS embed.FS
+
+func luaSrc(names ...string) string {
+	var b strings.Builder
+	for _, n := range names {
+		src, err := luaFS.ReadFile("lua/" + n + ".lua")
+		if err != nil {
+			panic(err)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// The scripts are run by EVALSHA; go-redis falls back to EVAL (which caches
+// the script again) when a restarted or flushed server answers NOSCRIPT.
+var (
+	scriptApply   = redis.NewScript(luaSrc("lib", "apply"))
+	scriptReset   = redis.NewScript(luaSrc("lib", "reset"))
+	scriptPurge   = redis.NewScript(luaSrc("lib", "purge"))
+	scriptLookup  = redis.NewScript(luaSrc("lookup"))
+	scriptApprox  = redis.NewScript(luaSrc("approx"))
+	scriptReserve = redis.NewScript(luaSrc("reserve"))
+	scriptAdvance = redis.NewScript(luaSrc("lease", "advance"))
+	scriptRelease = redis.NewScript(luaSrc("lease", "release"))
+	scriptSweep   = redis.NewScript(luaSrc("lease", "sweep"))
+	scriptAcquire = redis.NewScript(luaSrc("acquire"))
+	scriptDisown  = redis.NewScript(luaSrc("disown"))
+)
+
+// Key names. prefix carries the model's hash tag; every per-model key
+// starts with it.
+const (
+	keyReplicas = "kvr:replicas"
+	keyRequests = "kvr:reqs" // request id -> model, for Advance and Release
+	fieldRegVer = "#v"       // registry version, a field no replica id can take
+)
+
+func prefix(model string) string     { return "kvr:{m:" + model + "}:" }
+func metaKey(model, r string) string { return prefix(model) + "r:" + r + ":meta" }
+func e2rKey(model, r string) string  { return prefix(model) + "r:" + r + ":e2r" }
+func akKey(model, r string) string   { return prefix(model) + "r:" + r + ":ak" }
+func loadKey(model string) string    { return prefix(model) + "load" }
+func ownKey(name string) string      { return "kvr:own:" + name }
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
