@@ -46,13 +46,13 @@ func (ix *Index) Remove(replica int, keys []kvroute.BlockKey) {
 }
 
 // Matched writes into out (len n) each replica's count of leading keys held,
-// in one descent: a replica drops out at its first hole and never returns.
+// in one descent: a replica drops out at its first hole and never returns,
+// so each level only looks at the replicas still in the running.
 func (ix *Index) Matched(keys []kvroute.BlockKey, out []int) {
 	clear(out)
-	alive := make([]bool, ix.n)
-	nAlive := ix.n
+	alive := make([]int, ix.n)
 	for i := range alive {
-		alive[i] = true
+		alive[i] = i
 	}
 	node := int32(0)
 	for depth, k := range keys {
@@ -62,18 +62,15 @@ func (ix *Index) Matched(keys []kvroute.BlockKey, out []int) {
 		}
 		node = nxt
 		h := ix.holders[node]
-		for r := range alive {
-			if !alive[r] {
-				continue
+		kept := alive[:0]
+		for _, r := range alive {
+			if _, ok := h[r]; ok {
+				out[r] = depth + 1
+				kept = append(kept, r)
 			}
-			if _, ok := h[r]; !ok {
-				alive[r] = false
-				nAlive--
-				continue
-			}
-			out[r] = depth + 1
 		}
-		if nAlive == 0 {
+		alive = kept
+		if len(alive) == 0 {
 			return
 		}
 	}
