@@ -1,0 +1,283 @@
+package ingestor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/store"
+)
+
+// fakeStore is an in-memory ingestor.Store with the real store's semantics
+// where the ingestor depends on them: Apply is a no-op for a seq not newer
+// than the applied one, ResetReplica forgets entries and seq.
+type fakeStore struct {
+	mu       sync.Mutex
+	seq      map[string]int64
+	e2r      map[string]map[uint64]kvroute.BlockKey
+	held     map[string]map[kvroute.BlockKey]int
+	applied  map[string][]int64 // seqs applied, in order
+	resets   map[string]int
+	failNext int // Apply errors left to return
+
+	replicas []kvroute.Replica
+	version  int64
+	leases   map[string]string
+	health   map[string]kvroute.Health
+	scraped  map[string][3]float64
+	purged   map[string]int
+	swept    int
+}
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{
+		seq: map[string]int64{}, e2r: map[string]map[uint64]kvroute.BlockKey{},
+		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, resets: map[string]int{},
+		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{},
+		purged: map[string]int{},
+	}
+}
+
+var _ ingestor.Store = (*fakeStore)(nil)
+
+func (s *fakeStore) Apply(_ context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failNext > 0 {
+		s.failNext--
+		return store.ApplyResult{}, errors.New("fake: unavailable")
+	}
+	id := model + "/" + replica
+	if last, ok := s.seq[id]; ok && last >= seq {
+		return store.ApplyResult{}, nil
+	}
+	if s.e2r[id] == nil {
+		s.e2r[id], s.held[id] = map[uint64]kvroute.BlockKey{}, map[kvroute.BlockKey]int{}
+	}
+	var res store.ApplyResult
+	for _, op := range ops {
+		switch op.Kind {
+		case kvroute.OpStore:
+			s.e2r[id][op.EngineHash] = op.Key
+			s.held[id][op.Key]++
+			res.Stored++
+		case kvroute.OpRemove:
+			k, ok := s.e2r[id][op.EngineHash]
+			if !ok || s.held[id][k] == 0 {
+				res.Unknown++
+				continue
+			}
+			if s.held[id][k]--; s.held[id][k] == 0 {
+				delete(s.held[id], k)
+				delete(s.e2r[id], op.EngineHash)
+			}
+			res.Removed++
+		case kvroute.OpClear:
+			s.e2r[id], s.held[id] = map[uint64]kvroute.BlockKey{}, map[kvroute.BlockKey]int{}
+		}
+	}
+	s.seq[id] = seq
+	s.applied[id] = append(s.applied[id], seq)
+	res.Applied = true
+	return res, nil
+}
+
+func (s *fakeStore) AppliedSeq(_ context.Context, model, replica string) (int64, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.seq[model+"/"+replica]
+	return v, ok, nil
+}
+
+func (s *fakeStore) ResetReplica(_ context.Context, model, replica string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := model + "/" + replica
+	delete(s.seq, id)
+	delete(s.e2r, id)
+	delete(s.held, id)
+	s.resets[id]++
+	return nil
+}
+
+func (s *fakeStore) EngineKeys(_ context.Context, model, replica string, hs []uint64) ([]kvroute.BlockKey, []bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys, found := make([]kvroute.BlockKey, len(hs)), make([]bool, len(hs))
+	for i, h := range hs {
+		keys[i], found[i] = s.e2r[model+"/"+replica][h]
+	}
+	return keys, found, nil
+}
+
+func (s *fakeStore) ListReplicas(context.Context) ([]kvroute.Replica, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]kvroute.Replica(nil), s.replicas...), nil
+}
+
+func (s *fakeStore) RegistryVersion(context.Context) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version, nil
+}
+
+func (s *fakeStore) setReplicas(rs ...kvroute.Replica) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.replicas = rs
+	s.version++
+}
+
+func (s *fakeStore) Acquire(_ context.Context, name, owner string, _ time.Duration) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o, ok := s.leases[name]; ok && o != owner {
+		return false, nil
+	}
+	s.leases[name] = owner
+	return true, nil
+}
+
+func (s *fakeStore) ReleaseOwnership(_ context.Context, name, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leases[name] == owner {
+		delete(s.leases, name)
+	}
+	return nil
+}
+
+func (s *fakeStore) SetHealth(_ context.Context, id string, h kvroute.Health, _ time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.health[id] = h
+	return nil
+}
+
+func (s *fakeStore) SetScraped(_ context.Context, model, replica string, waiting, running int64, kv float64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.scraped[replica] = [3]float64{float64(waiting), float64(running), kv}
+	return nil
+}
+
+func (s *fakeStore) SweepExpired(context.Context, string) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.swept++
+	return 0, nil
+}
+
+func (s *fakeStore) PurgeReplica(ctx context.Context, model, replica string) error {
+	s.mu.Lock()
+	s.purged[replica]++
+	s.mu.Unlock()
+	return s.ResetReplica(ctx, model, replica)
+}
+
+// appliedSeqs returns the seqs applied for replica since the last call.
+func (s *fakeStore) appliedSeqs(model, replica string) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := model + "/" + replica
+	out := s.applied[id]
+	s.applied[id] = nil
+	return out
+}
+
+func (s *fakeStore) heldKeys(model, replica string) []kvroute.BlockKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []kvroute.BlockKey
+	for k := range s.held[model+"/"+replica] {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// fakePub plays a replica's publisher: it numbers batches, keeps a bounded
+// replay buffer, and can restart (seq back to 0, buffer emptied).
+type fakePub struct {
+	tb      testing.TB
+	topic   string
+	seq     uint64
+	epoch   int
+	buf     [][][]byte
+	bufSize int
+	// oldLayout answers replays without the topic frame (before #45177).
+	oldLayout bool
+}
+
+// next publishes one batch of events and returns its live frames.
+func (p *fakePub) next(events ...any) [][]byte {
+	p.tb.Helper()
+	if events == nil {
+		events = []any{}
+	}
+	// ts differs per epoch, so a restarted publisher's batch at a seq
+	// never has the bytes of the old one.
+	f := msg(p.tb, p.topic, p.seq, []any{float64(p.epoch*1000) + float64(p.seq), events, 0})
+	p.seq++
+	p.buf = append(p.buf, f)
+	if p.bufSize > 0 && len(p.buf) > p.bufSize {
+		p.buf = p.buf[1:]
+	}
+	return f
+}
+
+func (p *fakePub) restart() {
+	p.seq, p.buf = 0, nil
+	p.epoch++
+}
+
+// replay answers like the ROUTER socket, in either frame layout, through
+// the package's own reply decoder.
+func (p *fakePub) replay(calls *int) ingestor.ReplayFunc {
+	return func(_ context.Context, from uint64, fn func(ingestor.Batch) error) error {
+		*calls++
+		var replies [][][]byte
+		for _, f := range p.buf {
+			if seqOf(f) >= from {
+				if p.oldLayout {
+					replies = append(replies, [][]byte{{}, f[1], f[2]})
+				} else {
+					replies = append(replies, [][]byte{{}, f[0], f[1], f[2]})
+				}
+			}
+		}
+		if p.oldLayout {
+			replies = append(replies, [][]byte{{}, seq8(ingestor.EndSeq), {}})
+		} else {
+			replies = append(replies, [][]byte{{}, {}, seq8(ingestor.EndSeq), {}})
+		}
+		for _, r := range replies {
+			m, err := ingestor.DecodeReplay(r)
+			if err != nil {
+				return fmt.Errorf("fake replay: %w", err)
+			}
+			if m.End {
+				return nil
+			}
+			if err := fn(m.Batch); err != nil {
+				return err
+			}
+		}
+		return errors.New("fake replay: no end marker")
+	}
+}
+
+func seqOf(f [][]byte) uint64 {
+	var u uint64
+	for _, c := range f[1] {
+		u = u<<8 | uint64(c)
+	}
+	return u
+}

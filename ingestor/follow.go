@@ -1,0 +1,361 @@
+package ingestor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/store"
+)
+
+// IndexStore is what following one replica's stream needs from the store.
+type IndexStore interface {
+	KeyLookup
+	Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error)
+	AppliedSeq(ctx context.Context, model, replica string) (int64, bool, error)
+	ResetReplica(ctx context.Context, model, replica string) error
+}
+
+// ReplayFunc asks a replica's replay socket for every buffered batch with
+// seq >= from and calls fn on each, in order, until the end marker. It
+// returns an error when the replica does not answer in time.
+type ReplayFunc func(ctx context.Context, from uint64, fn func(Batch) error) error
+
+// FollowerConfig configures a Follower.
+type FollowerConfig struct {
+	Replica kvroute.Replica
+	Store   IndexStore
+	// Replay is nil when the replica has no replay endpoint.
+	Replay ReplayFunc
+	// Seed is the key-space seed shared with the API.
+	Seed    uint64
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
+}
+
+// Follower applies one replica's batches to the store in seq order. It is
+// the sequencing core of a subscriber, free of sockets so that every case
+// (gap, restart, duplicate, short replay buffer) can be tested directly.
+//
+// The rules:
+//   - seq == last+1: apply.
+//   - seq > last+1 (a gap: PUB dropped batches): replay from last over the
+//     replica's ROUTER socket and apply in order; if the buffer no longer
+//     reaches back, or there is no replay socket, clear the replica and
+//     rebuild from what the buffer holds and the live stream.
+//   - seq <= last: a duplicate if a replay on this connection already
+//     delivered it or verified the stored state against the replica's
+//     buffer; otherwise (no replay socket) the replica restarted: clear it,
+//     then rebuild.
+//   - a live seq not above the previous live seq: the replica restarted (one
+//     publisher's stream is monotonic).
+//
+// A replay starts at last, not last+1: the batch at last must come back
+// byte-identical; a different one, or no batch at all, means the replica
+// restarted while we were away. Each batch is one store.Apply, which is
+// itself a no-op for a seq not newer than the stored one, so an overlap
+// between ingestors taking over from each other is harmless.
+//
+// A Follower is not safe for concurrent use.
+type Follower struct {
+	rep    kvroute.Replica
+	st     IndexStore
+	replay ReplayFunc
+	tr     *Translator
+	m      *Metrics
+	log    *slog.Logger
+	now    func() time.Time
+
+	synced bool   // last/have reflect the store
+	have   bool   // some batch is applied
+	last   int64  // seq of the last applied batch
+	digest uint64 // payload digest of batch last, 0 if unknown
+
+	liveSeq    int64 // last seq seen live on this connection, -1 if none
+	replayedTo int64 // highest seq replayed on this connection, -1 if none
+	// verified: everything the store holds for the replica is known to
+	// come from the publisher we are connected to (a replay checked it, or
+	// we built it from this stream). Only then is a live seq at or below
+	// the applied one a harmless duplicate (e.g. two ingestors overlapping
+	// during a takeover) rather than a restart.
+	verified bool
+}
+
+// NewFollower returns a follower; it reads the applied seq lazily.
+func NewFollower(c FollowerConfig) *Follower {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics()
+	}
+	return &Follower{
+		rep:        c.Replica,
+		st:         c.Store,
+		replay:     c.Replay,
+		tr:         NewTranslator(c.Replica.Model, c.Replica.ID, c.Seed, c.Store),
+		m:          c.Metrics,
+		log:        c.Logger.With("replica", c.Replica.ID),
+		now:        c.Now,
+		last:       -1,
+		liveSeq:    -1,
+		replayedTo: -1,
+	}
+}
+
+// Last returns the seq of the last batch applied, and false if none is.
+func (f *Follower) Last() (int64, bool) { return f.last, f.have }
+
+// Sync is called on every (re)connection: it reads the applied seq from the
+// store and catches up from the replay buffer, which also covers the slow
+// joiner's first batches and a replica that restarted or published while
+// no ingestor listened. A failed replay is logged, not fatal: the live
+// stream's seq check still notices what is missing.
+func (f *Follower) Sync(ctx context.Context) error {
+	f.liveSeq, f.replayedTo = -1, -1
+	if err := f.readSeq(ctx); err != nil {
+		return err
+	}
+	if f.replay == nil {
+		return nil
+	}
+	if err := f.catchUp(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f.log.Warn("replay on connect", "err", err)
+		return nil
+	}
+	f.verified = true
+	return nil
+}
+
+// Invalidate makes the next message re-read the store's applied seq, after
+// someone else changed the replica's entries (a purge).
+func (f *Follower) Invalidate() { f.synced = false }
+
+func (f *Follower) readSeq(ctx context.Context) error {
+	seq, ok, err := f.st.AppliedSeq(ctx, f.rep.Model, f.rep.ID)
+	if err != nil {
+		return fmt.Errorf("applied seq: %w", err)
+	}
+	if !ok {
+		// Reset or purged: every cached key may be gone from the store.
+		f.tr.Reset()
+		seq = -1
+	}
+	if !ok || seq != f.last || !f.have {
+		f.digest = 0
+		// Entries applied by someone else (or none at all: then
+		// everything to come is from this stream).
+		f.verified = !ok
+	}
+	f.synced, f.have, f.last = true, ok, seq
+	return nil
+}
+
+// Handle applies one live batch.
+func (f *Follower) Handle(ctx context.Context, b Batch) error {
+	if b.Seq > math.MaxInt64 {
+		f.m.decodeErrors.WithLabelValues(RejectSeq).Inc()
+		return nil
+	}
+	if !f.synced {
+		if err := f.readSeq(ctx); err != nil {
+			return err
+		}
+		f.replayedTo = -1
+	}
+	s := int64(b.Seq)
+	prevLive := f.liveSeq
+	f.liveSeq = s
+	switch {
+	case prevLive >= 0 && s <= prevLive:
+		f.log.Info("replica restarted", "seq", s, "previous", prevLive)
+		if err := f.reset(ctx, "restart"); err != nil {
+			return err
+		}
+		return f.recover(ctx, b)
+	case !f.have && s == 0, f.have && s == f.last+1:
+		return f.apply(ctx, b)
+	case f.have && s <= f.last:
+		if s <= f.replayedTo || f.verified {
+			f.m.duplicates.Inc()
+			return nil
+		}
+		f.log.Info("replica restarted", "seq", s, "applied", f.last)
+		if err := f.reset(ctx, "restart"); err != nil {
+			return err
+		}
+		return f.recover(ctx, b)
+	default:
+		// A gap, or joining mid-stream with nothing applied yet.
+		f.m.gaps.Inc()
+		f.log.Debug("gap", "seq", s, "applied", f.last, "have", f.have)
+		return f.recover(ctx, b)
+	}
+}
+
+// recover applies b after trying to fill everything before it from the
+// replay buffer; when that fails it clears the replica and rebuilds from b.
+func (f *Follower) recover(ctx context.Context, b Batch) error {
+	s := int64(b.Seq)
+	if f.replay != nil {
+		err := f.catchUp(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			f.log.Warn("replay", "err", err)
+		case f.have && s <= f.last:
+			return nil // covered by the replay
+		}
+	} else {
+		f.m.replays.WithLabelValues("unavailable").Inc()
+	}
+	if (!f.have && s == 0) || (f.have && s == f.last+1) {
+		return f.apply(ctx, b)
+	}
+	if f.have {
+		if err := f.reset(ctx, "gap"); err != nil {
+			return err
+		}
+	}
+	return f.apply(ctx, b)
+}
+
+var errRestarted = errors.New("replica restarted")
+
+// catchUp replays from the buffer and applies what is newer than last. It
+// tries twice: a first pass may find the replica restarted, reset it and
+// then rebuild from seq 0.
+func (f *Follower) catchUp(ctx context.Context) error {
+	for pass := 0; pass < 2; pass++ {
+		err := f.replayOnce(ctx)
+		if errors.Is(err, errRestarted) {
+			if err := f.reset(ctx, "restart"); err != nil {
+				return err
+			}
+			continue
+		}
+		return err
+	}
+	return nil
+}
+
+func (f *Follower) replayOnce(ctx context.Context) error {
+	from := uint64(0)
+	if f.have {
+		from = uint64(f.last)
+	}
+	n, first := 0, int64(-1)
+	err := f.replay(ctx, from, func(b Batch) error {
+		if b.Seq > math.MaxInt64 {
+			return nil
+		}
+		s := int64(b.Seq)
+		n++
+		if first < 0 {
+			first = s
+			switch {
+			case f.have && s == f.last:
+				if f.digest != 0 && b.Digest != f.digest {
+					return errRestarted
+				}
+			case f.have && s > f.last+1, !f.have && s > 0:
+				// The buffer no longer reaches back: what is missing
+				// cannot be recovered; start over from what is there.
+				f.m.replays.WithLabelValues("short").Inc()
+				f.log.Info("replay buffer too short", "want", from, "first", s)
+				if f.have {
+					if err := f.reset(ctx, "short_replay"); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		f.replayedTo = max(f.replayedTo, s)
+		if f.have && s <= f.last {
+			return nil
+		}
+		if f.have && s != f.last+1 {
+			// A hole inside the replay itself: the buffer is not
+			// contiguous, which only a restart mid-replay explains.
+			return errRestarted
+		}
+		return f.apply(ctx, b)
+	})
+	if err != nil {
+		if !errors.Is(err, errRestarted) {
+			f.m.replays.WithLabelValues("error").Inc()
+		}
+		return err
+	}
+	f.m.replays.WithLabelValues("ok").Inc()
+	f.m.replayedBatches.Add(float64(n))
+	if n == 0 && f.have {
+		// The batch at last has left a buffer that holds nothing newer:
+		// the publisher's counter went back, the replica restarted.
+		return errRestarted
+	}
+	return nil
+}
+
+func (f *Follower) reset(ctx context.Context, reason string) error {
+	if err := f.st.ResetReplica(ctx, f.rep.Model, f.rep.ID); err != nil {
+		f.synced = false
+		return fmt.Errorf("reset replica: %w", err)
+	}
+	f.m.resets.WithLabelValues(reason).Inc()
+	f.tr.Reset()
+	f.have, f.last, f.digest, f.replayedTo, f.verified = false, -1, 0, -1, true
+	return nil
+}
+
+// apply translates and applies one batch as one store call.
+func (f *Follower) apply(ctx context.Context, b Batch) error {
+	for reason, n := range b.Skipped {
+		f.m.skipped.WithLabelValues(reason).Add(float64(n))
+	}
+	ops, st, err := f.tr.Translate(ctx, b.Events)
+	if err != nil {
+		f.synced = false
+		return fmt.Errorf("translate seq %d: %w", b.Seq, err)
+	}
+	res, err := f.st.Apply(ctx, f.rep.Model, f.rep.ID, int64(b.Seq), ops)
+	if err != nil {
+		// The store is the truth: re-read it before the next batch.
+		f.synced = false
+		return fmt.Errorf("apply seq %d: %w", b.Seq, err)
+	}
+	for reason, n := range st.Skipped {
+		f.m.skipped.WithLabelValues(reason).Add(float64(n))
+	}
+	f.m.orphans.Add(float64(st.Orphans))
+	f.m.clears.Add(float64(st.Clears))
+	if !res.Applied {
+		// The store already holds this seq or a newer one: another
+		// ingestor following the same stream got there first.
+		f.m.batches.WithLabelValues("not_applied").Inc()
+		f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
+		return nil
+	}
+	f.m.batches.WithLabelValues("applied").Inc()
+	f.m.stored.Add(float64(res.Stored))
+	f.m.removed.Add(float64(res.Removed))
+	f.m.unknownRemovals.Add(float64(res.Unknown))
+	if b.TS > 0 {
+		lag := f.now().Sub(time.Unix(0, int64(b.TS*1e9))).Seconds()
+		f.m.lag.Observe(max(lag, 0))
+	}
+	f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
+	return nil
+}

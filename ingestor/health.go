@@ -1,0 +1,246 @@
+package ingestor
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// probeHealth probes every owned replica in parallel and records the result.
+// An unhealthy replica is excluded from routing at once (by SetHealth);
+// its index entries are purged only after PurgeGrace of continuous unhealth.
+func (in *Ingestor) probeHealth(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, o := range in.ownedList() {
+		wg.Add(1)
+		go func() { defer wg.Done(); in.probeOne(ctx, o) }()
+	}
+	wg.Wait()
+}
+
+func (in *Ingestor) probeOne(ctx context.Context, o *owned) {
+	h := kvroute.HealthHealthy
+	if err := in.get(ctx, o.rep.URL+"/health", in.c.HealthInterval, nil); err != nil {
+		in.log.Debug("health probe", "replica", o.rep.ID, "err", err)
+		h = kvroute.HealthUnhealthy
+	}
+	// An events endpoint that cannot even be dialled for a stall period
+	// means the index for this replica goes stale: route elsewhere.
+	if h == kvroute.HealthHealthy && o.w != nil && o.w.eventsDown() > in.c.StallTimeout {
+		in.log.Debug("events unreachable", "replica", o.rep.ID)
+		h = kvroute.HealthUnhealthy
+	}
+	in.m.probes.WithLabelValues(string(h)).Inc()
+	now := in.c.Now()
+	if err := in.st.SetHealth(ctx, o.rep.ID, h, now); err != nil {
+		in.log.Warn("set health", "replica", o.rep.ID, "err", err)
+	}
+	in.mu.Lock()
+	purge := false
+	if h == kvroute.HealthHealthy {
+		o.badSince, o.purged = time.Time{}, false
+	} else {
+		if o.badSince.IsZero() {
+			o.badSince = now
+		}
+		purge = !o.purged && now.Sub(o.badSince) >= in.c.PurgeGrace
+	}
+	in.mu.Unlock()
+	if !purge {
+		return
+	}
+	if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
+		in.log.Warn("purge", "replica", o.rep.ID, "err", err)
+		return
+	}
+	in.log.Info("purged unhealthy replica", "replica", o.rep.ID, "after", now.Sub(o.badSince))
+	in.m.purges.Inc()
+	in.mu.Lock()
+	o.purged = true
+	in.mu.Unlock()
+	if o.w != nil {
+		o.w.invalidate()
+	}
+}
+
+// scrapeMetrics reads every owned replica's load gauges into the store, so
+// that scoring sees traffic that bypassed the router.
+func (in *Ingestor) scrapeMetrics(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, o := range in.ownedList() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var v VLLMMetrics
+			err := in.get(ctx, o.rep.URL+"/metrics", in.c.MetricsInterval, func(r io.Reader) error {
+				var err error
+				v, err = ParseVLLMMetrics(r)
+				return err
+			})
+			if err == nil {
+				err = in.st.SetScraped(ctx, o.rep.Model, o.rep.ID, v.Waiting, v.Running, v.KVUsage)
+			}
+			if err != nil {
+				in.m.scrapes.WithLabelValues("error").Inc()
+				in.log.Debug("scrape", "replica", o.rep.ID, "err", err)
+				return
+			}
+			in.m.scrapes.WithLabelValues("ok").Inc()
+		}()
+	}
+	wg.Wait()
+}
+
+// get fetches url with a timeout of at most limit and hands a 200 body to
+// read (nil: discard).
+func (in *Ingestor) get(ctx context.Context, url string, limit time.Duration, read func(io.Reader) error) error {
+	ctx, cancel := context.WithTimeout(ctx, min(limit, 5*time.Second))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := in.c.HTTPClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if read == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return nil
+	}
+	return read(io.LimitReader(resp.Body, 16<<20))
+}
+
+// VLLMMetrics are the load signals kvroute reads from a replica's /metrics.
+type VLLMMetrics struct {
+	// Waiting and Running are summed over every engine (DP rank).
+	Waiting, Running int64
+	// KVUsage is the fullest engine's KV-cache usage, 0..1.
+	KVUsage float64
+	// BlockSize is the cache_config_info block_size label, 0 if absent.
+	BlockSize int
+	// Found is false when none of the gauges was present.
+	Found bool
+}
+
+// ParseVLLMMetrics reads the few series kvroute needs from Prometheus text
+// exposition: vllm:num_requests_waiting, vllm:num_requests_running,
+// vllm:kv_cache_usage_perc (or the older vllm:gpu_cache_usage_perc) and
+// vllm:cache_config_info's block_size label. A full exposition parser would
+// buy nothing here and tie us to one version of its validation rules.
+func ParseVLLMMetrics(r io.Reader) (VLLMMetrics, error) {
+	var v VLLMMetrics
+	var kvNew, kvOld float64
+	var haveNew, haveOld bool
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name, labels, value, ok := splitSample(line)
+		if !ok {
+			continue
+		}
+		switch name {
+		case "vllm:num_requests_waiting":
+			v.Waiting += int64(value)
+			v.Found = true
+		case "vllm:num_requests_running":
+			v.Running += int64(value)
+			v.Found = true
+		case "vllm:kv_cache_usage_perc":
+			kvNew, haveNew = max(kvNew, value), true
+		case "vllm:gpu_cache_usage_perc":
+			kvOld, haveOld = max(kvOld, value), true
+		case "vllm:cache_config_info":
+			if bs, err := strconv.Atoi(labelValue(labels, "block_size")); err == nil && bs > 0 {
+				v.BlockSize = bs
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return VLLMMetrics{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	switch {
+	case haveNew:
+		v.KVUsage, v.Found = kvNew, true
+	case haveOld:
+		v.KVUsage, v.Found = kvOld, true
+	}
+	if !v.Found {
+		return v, fmt.Errorf("parse metrics: no vllm load gauges")
+	}
+	return v, nil
+}
+
+// splitSample splits `name{labels} value [timestamp]`.
+func splitSample(line string) (name, labels string, value float64, ok bool) {
+	rest := line
+	if i := strings.IndexByte(line, '{'); i >= 0 {
+		j := strings.LastIndexByte(line, '}')
+		if j < i {
+			return "", "", 0, false
+		}
+		name, labels, rest = line[:i], line[i+1:j], line[j+1:]
+	} else {
+		i := strings.IndexAny(line, " \t")
+		if i < 0 {
+			return "", "", 0, false
+		}
+		name, rest = line[:i], line[i:]
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return "", "", 0, false
+	}
+	f, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return "", "", 0, false
+	}
+	return strings.TrimSpace(name), labels, f, true
+}
+
+// labelValue finds key="value" in a label list (escapes are rare in the
+// labels we read and only need to be skipped correctly).
+func labelValue(labels, key string) string {
+	for len(labels) > 0 {
+		labels = strings.TrimLeft(labels, " ,")
+		eq := strings.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return ""
+		}
+		k := strings.TrimSpace(labels[:eq])
+		var b strings.Builder
+		i := eq + 2
+		for ; i < len(labels) && labels[i] != '"'; i++ {
+			if labels[i] == '\\' && i+1 < len(labels) {
+				i++
+			}
+			b.WriteByte(labels[i])
+		}
+		if k == key {
+			return b.String()
+		}
+		if i >= len(labels) {
+			return ""
+		}
+		labels = labels[i+1:]
+	}
+	return ""
+}

@@ -1,0 +1,476 @@
+// Package ingestor keeps kvroute's Redis index in step with what every vLLM
+// replica's KV cache holds. Per replica it subscribes to the engine's
+// ZeroMQ event stream, checks sequence numbers (replaying gaps, rebuilding
+// after restarts), decodes msgpack batches of every known vLLM layout,
+// translates them into index operations keyed the way requests are keyed,
+// and applies each batch as one atomic store call. It also probes health,
+// scrapes load metrics and sweeps expired load leases.
+//
+// Replicas are shared out between ingestors by ownership leases in the
+// store, so any number of ingestors may run; a crashed one's replicas are
+// taken over within the lease TTL, and re-applying a batch is a no-op.
+package ingestor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Store is everything the ingestor needs from the state store; *store.Store
+// satisfies it.
+type Store interface {
+	IndexStore
+	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
+	RegistryVersion(ctx context.Context) (int64, error)
+	Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error)
+	ReleaseOwnership(ctx context.Context, name, owner string) error
+	SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error
+	SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error
+	SweepExpired(ctx context.Context, model string) (int, error)
+	PurgeReplica(ctx context.Context, model, replica string) error
+}
+
+// Config configures an Ingestor. Only Store and Owner are required.
+type Config struct {
+	Store Store
+	// Owner names this ingestor in ownership leases; unique per process.
+	Owner string
+	// LeaseTTL bounds how long a crashed ingestor's replicas go unfollowed
+	// (default 15s); leases are renewed every third of it.
+	LeaseTTL time.Duration
+	// RegistryInterval is how often the registry version is polled
+	// (default 2s).
+	RegistryInterval time.Duration
+	// HealthInterval is how often owned replicas' /health is probed
+	// (default 5s).
+	HealthInterval time.Duration
+	// MetricsInterval is how often owned replicas' /metrics is scraped
+	// (default 5s).
+	MetricsInterval time.Duration
+	// SweepInterval is how often expired load leases are released
+	// (default 5s).
+	SweepInterval time.Duration
+	// PurgeGrace is how long a replica must stay unhealthy before its
+	// index entries are purged (default 2m): a blip must not throw its
+	// cache away.
+	PurgeGrace time.Duration
+	// StallTimeout is how long an event stream may stay silent before it
+	// is flagged and redialled (default 30s).
+	StallTimeout time.Duration
+	// ReplayTimeout bounds the wait for each replay reply (default 3s).
+	ReplayTimeout time.Duration
+	// MinBackoff and MaxBackoff bound redial delays (100ms, 10s).
+	MinBackoff, MaxBackoff time.Duration
+	// Bind, when set, is the one endpoint (e.g. "tcp://*:5557") where this
+	// ingestor binds a SUB socket for replicas to connect their PUB to;
+	// the topic then names the replica (Replica.Topic, or its ID). When
+	// empty, the ingestor dials each replica's Events endpoint.
+	Bind string
+	// Seed is the key-space seed; it must equal the API's.
+	Seed       uint64
+	Logger     *slog.Logger
+	Now        func() time.Time
+	Rand       *rand.Rand
+	HTTPClient *http.Client
+	Transport  Transport
+	// Registerer receives the ingestor's metrics; nil registers nowhere.
+	Registerer prometheus.Registerer
+}
+
+// Ingestor follows every replica in the registry that it owns.
+type Ingestor struct {
+	c   Config
+	st  Store
+	m   *Metrics
+	log *slog.Logger
+	rnd *lockedRand
+	dsp *dispatcher
+
+	mu       sync.Mutex
+	replicas map[string]kvroute.Replica // the registry as last read
+	owned    map[string]*owned          // replicas whose lease we hold
+	version  int64
+	read     bool // the registry was read at least once
+}
+
+// owned is one replica this ingestor holds the lease of.
+type owned struct {
+	rep      kvroute.Replica
+	renewed  time.Time
+	w        *worker // nil for a replica without events
+	cancel   context.CancelFunc
+	done     chan struct{}
+	badSince time.Time // start of continuous unhealth, zero if healthy
+	purged   bool
+}
+
+// New validates c and returns an Ingestor; Run starts it.
+func New(c Config) (*Ingestor, error) {
+	if c.Store == nil {
+		return nil, errors.New("ingestor: store is required")
+	}
+	if c.Owner == "" {
+		return nil, errors.New("ingestor: owner is required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.LeaseTTL, 15*time.Second)
+	def(&c.RegistryInterval, 2*time.Second)
+	def(&c.HealthInterval, 5*time.Second)
+	def(&c.MetricsInterval, 5*time.Second)
+	def(&c.SweepInterval, 5*time.Second)
+	def(&c.PurgeGrace, 2*time.Minute)
+	def(&c.StallTimeout, 30*time.Second)
+	def(&c.ReplayTimeout, 3*time.Second)
+	def(&c.MinBackoff, 100*time.Millisecond)
+	def(&c.MaxBackoff, 10*time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Timeout: 5 * time.Second}
+	}
+	if c.Transport == nil {
+		c.Transport = ZMQ{}
+	}
+	m := NewMetrics()
+	if c.Registerer != nil {
+		if err := m.Register(c.Registerer); err != nil {
+			return nil, fmt.Errorf("ingestor: register metrics: %w", err)
+		}
+	}
+	in := &Ingestor{
+		c:        c,
+		st:       c.Store,
+		m:        m,
+		log:      c.Logger.With("owner", c.Owner),
+		rnd:      &lockedRand{r: c.Rand},
+		replicas: map[string]kvroute.Replica{},
+		owned:    map[string]*owned{},
+	}
+	in.dsp = &dispatcher{workers: map[string]*worker{}, m: m, log: in.log}
+	return in, nil
+}
+
+// Run follows replicas until ctx is done, then stops every subscriber and
+// releases its leases so that another ingestor takes over at once.
+func (in *Ingestor) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if in.c.Bind != "" {
+		s, err := in.c.Transport.Listen(ctx, in.c.Bind)
+		if err != nil {
+			return fmt.Errorf("ingestor: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := in.dsp.run(ctx, s); err != nil {
+				in.log.Error("bind socket", "err", err)
+			}
+		}()
+	}
+	loops := []struct {
+		every time.Duration
+		fn    func(context.Context)
+	}{
+		{in.c.RegistryInterval, in.syncRegistry},
+		{in.c.LeaseTTL / 3, in.renewLeases},
+		{in.c.HealthInterval, in.probeHealth},
+		{in.c.MetricsInterval, in.scrapeMetrics},
+		{in.c.SweepInterval, in.sweep},
+	}
+	in.syncRegistry(ctx)
+	in.renewLeases(ctx)
+	for _, l := range loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(l.every)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					l.fn(ctx)
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	in.shutdown()
+	return nil
+}
+
+// shutdown stops every worker and releases its lease with a fresh context:
+// the caller's is already done.
+func (in *Ingestor) shutdown() {
+	in.mu.Lock()
+	os := make([]*owned, 0, len(in.owned))
+	for id, o := range in.owned {
+		os = append(os, o)
+		delete(in.owned, id)
+	}
+	in.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, o := range os {
+		in.stopWorker(o)
+		if err := in.st.ReleaseOwnership(ctx, leaseName(o.rep.ID), in.c.Owner); err != nil {
+			in.log.Warn("release lease", "replica", o.rep.ID, "err", err)
+		}
+	}
+	in.m.owned.Set(0)
+}
+
+func leaseName(id string) string { return "ingest:" + id }
+
+// Owned returns the ids of the replicas this ingestor follows now.
+func (in *Ingestor) Owned() []string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	ids := make([]string, 0, len(in.owned))
+	for id := range in.owned {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// syncRegistry re-reads the registry when its version changed: new
+// replicas are picked up by the next lease round, changed ones restart
+// their worker, deleted ones are stopped and purged.
+func (in *Ingestor) syncRegistry(ctx context.Context) {
+	v, err := in.st.RegistryVersion(ctx)
+	if err != nil {
+		in.log.Warn("registry version", "err", err)
+		return
+	}
+	in.mu.Lock()
+	same := in.read && v == in.version
+	in.mu.Unlock()
+	if same {
+		return
+	}
+	reps, err := in.st.ListReplicas(ctx)
+	if err != nil {
+		in.log.Warn("list replicas", "err", err)
+		return
+	}
+	next := make(map[string]kvroute.Replica, len(reps))
+	for _, r := range reps {
+		next[r.ID] = r
+	}
+	var gone, changed []*owned
+	in.mu.Lock()
+	in.replicas, in.version, in.read = next, v, true
+	for id, o := range in.owned {
+		r, ok := next[id]
+		switch {
+		case !ok:
+			gone = append(gone, o)
+			delete(in.owned, id)
+		case streamChanged(o.rep, r):
+			changed = append(changed, o)
+			delete(in.owned, id)
+		default:
+			o.rep = r
+		}
+	}
+	in.mu.Unlock()
+	for _, o := range gone {
+		in.log.Info("replica deleted", "replica", o.rep.ID)
+		in.stopWorker(o)
+		if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
+			in.log.Warn("purge deleted replica", "replica", o.rep.ID, "err", err)
+		} else {
+			in.m.purges.Inc()
+		}
+		if err := in.st.ReleaseOwnership(ctx, leaseName(o.rep.ID), in.c.Owner); err != nil {
+			in.log.Warn("release lease", "replica", o.rep.ID, "err", err)
+		}
+	}
+	for _, o := range changed {
+		in.log.Info("replica changed", "replica", o.rep.ID)
+		in.stopWorker(o)
+		if o.rep.Model != next[o.rep.ID].Model {
+			// Its entries live under the old model's keys: nobody will
+			// ever look them up again.
+			if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
+				in.log.Warn("purge moved replica", "replica", o.rep.ID, "err", err)
+			}
+		}
+	}
+	if len(changed) > 0 {
+		// Restart them under the lease we still hold.
+		in.renewLeases(ctx)
+	}
+	in.m.owned.Set(float64(len(in.Owned())))
+}
+
+// streamChanged reports whether r's worker must restart to follow r2.
+func streamChanged(r, r2 kvroute.Replica) bool {
+	return r.Model != r2.Model || r.Events != r2.Events || r.Replay != r2.Replay || r.Topic != r2.Topic
+}
+
+// renewLeases acquires or renews the lease of every registered replica.
+// Each ingestor tries for every replica; the store grants each lease to one
+// owner, so replicas spread across ingestors in the order they ask. A
+// replica whose lease we could not renew for a whole TTL is given up: by
+// then someone else may follow it.
+func (in *Ingestor) renewLeases(ctx context.Context) {
+	in.mu.Lock()
+	reps := make([]kvroute.Replica, 0, len(in.replicas))
+	for _, r := range in.replicas {
+		reps = append(reps, r)
+	}
+	in.mu.Unlock()
+	now := in.c.Now()
+	for _, r := range reps {
+		ok, err := in.st.Acquire(ctx, leaseName(r.ID), in.c.Owner, in.c.LeaseTTL)
+		in.mu.Lock()
+		o := in.owned[r.ID]
+		in.mu.Unlock()
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			in.log.Warn("acquire lease", "replica", r.ID, "err", err)
+			if o != nil && now.Sub(o.renewed) > in.c.LeaseTTL {
+				in.drop(o, "lease expired")
+			}
+		case ok && o == nil:
+			in.start(ctx, r, now)
+		case ok:
+			in.mu.Lock()
+			o.renewed = now
+			in.mu.Unlock()
+		case o != nil:
+			in.drop(o, "lease lost")
+		}
+	}
+	in.m.owned.Set(float64(len(in.Owned())))
+}
+
+func (in *Ingestor) drop(o *owned, why string) {
+	in.log.Info("giving up replica", "replica", o.rep.ID, "why", why)
+	in.mu.Lock()
+	if in.owned[o.rep.ID] == o {
+		delete(in.owned, o.rep.ID)
+	}
+	in.mu.Unlock()
+	in.stopWorker(o)
+}
+
+// start begins following r. A replica without an events endpoint (in dial
+// mode) is still owned: its health and load are probed.
+func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time) {
+	o := &owned{rep: r, renewed: now}
+	if r.Events != "" || in.c.Bind != "" {
+		log := in.log.With("replica", r.ID)
+		var replay ReplayFunc
+		if r.Replay != "" {
+			ep, timeout := r.Replay, in.c.ReplayTimeout
+			replay = func(ctx context.Context, from uint64, fn func(Batch) error) error {
+				return in.c.Transport.Replay(ctx, ep, from, timeout, fn)
+			}
+		}
+		f := NewFollower(FollowerConfig{
+			Replica: r, Store: in.st, Replay: replay, Seed: in.c.Seed,
+			Metrics: in.m, Logger: in.log, Now: in.c.Now,
+		})
+		o.w = newWorker(workerConfig{
+			rep: r, follower: f, transport: in.c.Transport, dial: in.c.Bind == "",
+			stallTimeout: in.c.StallTimeout, minBackoff: in.c.MinBackoff, maxBackoff: in.c.MaxBackoff,
+			rnd: in.rnd.Float64, m: in.m, log: log, now: in.c.Now,
+		})
+		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		o.cancel, o.done = cancel, make(chan struct{})
+		go func() { defer close(o.done); o.w.run(wctx) }()
+		// Stop with the ingestor even if shutdown is never reached.
+		context.AfterFunc(ctx, cancel)
+		if in.c.Bind != "" {
+			in.dsp.set(topicOf(r), o.w)
+		}
+	}
+	in.mu.Lock()
+	in.owned[r.ID] = o
+	in.mu.Unlock()
+	in.log.Info("following replica", "replica", r.ID, "events", r.Events)
+}
+
+func (in *Ingestor) stopWorker(o *owned) {
+	if o.w == nil {
+		return
+	}
+	if in.c.Bind != "" {
+		in.dsp.set(topicOf(o.rep), nil)
+	}
+	o.cancel()
+	<-o.done
+}
+
+func (in *Ingestor) ownedList() []*owned {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	os := make([]*owned, 0, len(in.owned))
+	for _, o := range in.owned {
+		os = append(os, o)
+	}
+	return os
+}
+
+// models lists the models of every registered replica.
+func (in *Ingestor) models() []string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	seen := map[string]bool{}
+	var ms []string
+	for _, r := range in.replicas {
+		if !seen[r.Model] {
+			seen[r.Model] = true
+			ms = append(ms, r.Model)
+		}
+	}
+	return ms
+}
+
+// sweep releases expired load leases. Every ingestor may run it (the
+// sweep is idempotent), but a short lease keeps it to one at a time.
+func (in *Ingestor) sweep(ctx context.Context) {
+	ok, err := in.st.Acquire(ctx, "sweeper", in.c.Owner, 3*in.c.SweepInterval)
+	if err != nil || !ok {
+		return
+	}
+	for _, m := range in.models() {
+		n, err := in.st.SweepExpired(ctx, m)
+		if err != nil {
+			in.log.Warn("sweep", "model", m, "err", err)
+			continue
+		}
+		in.m.swept.Add(float64(n))
+	}
+}
+
+var discardLog = log.New(io.Discard, "", 0)

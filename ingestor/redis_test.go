@@ -1,0 +1,69 @@
+package ingestor_test
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/store"
+)
+
+// TestIngestorRedis runs the ingestor against a real redis-server and the
+// simulated replica: what scoring looks up must be what the replica holds,
+// through gaps and restarts.
+func TestIngestorRedis(t *testing.T) {
+	ctx := t.Context()
+	st, err := store.Open(ctx, redistest.Server(t), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rep, err := replica.New(replica.Config{Model: "m", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Stop()
+	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint(), Topic: "kv"}
+	if err := st.PutReplica(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	_, _, stop := startIngestor(t, st, "")
+	defer stop()
+	if err := rep.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bs := rep.BlockSize()
+	gpu := func(p []int, salt string) int {
+		keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, bs, u32s(p), kvroute.RequestExtras(salt))
+		ov, _, err := st.Lookup(ctx, "m", keys, []string{"r1"})
+		if err != nil {
+			t.Fatalf("Lookup: %v", err)
+		}
+		return ov[0].GPU
+	}
+	a := ints(0, 5*bs+3)
+	rep.Admit(a, "salt-1")
+	eventually(t, "prompt indexed", func() bool { return gpu(a, "salt-1") == 5 })
+	if got := gpu(a, ""); got != 0 {
+		t.Errorf("unsalted lookup of a salted prompt: got %d blocks, want 0", got)
+	}
+
+	rep.DropNext(2)
+	b := ints(100, 3*bs)
+	c := ints(200, 2*bs)
+	rep.Admit(b, "")
+	rep.Admit(c, "")
+	eventually(t, "gap replayed", func() bool { return gpu(b, "") == 3 && gpu(c, "") == 2 })
+
+	rep.Restart()
+	d := ints(300, 2*bs)
+	rep.Admit(d, "")
+	eventually(t, "restart rebuilt", func() bool { return gpu(d, "") == 2 && gpu(a, "salt-1") == 0 && gpu(b, "") == 0 })
+	if seq, ok, err := st.AppliedSeq(ctx, "m", "r1"); err != nil || !ok || seq != rep.Seq()-1 {
+		t.Errorf("applied seq: got %d %v %v, want %d", seq, ok, err, rep.Seq()-1)
+	}
+}

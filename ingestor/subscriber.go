@@ -1,0 +1,457 @@
+package ingestor
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute"
+)
+
+// Stream is an open subscription. Recv blocks until a message arrives or
+// the stream is closed; Close unblocks it.
+type Stream interface {
+	Recv() ([][]byte, error)
+	Close() error
+}
+
+// Transport opens the ZeroMQ sockets the ingestor uses. ZMQ is the default;
+// tests may substitute fakes.
+type Transport interface {
+	// Subscribe dials a replica's PUB endpoint with a SUB socket filtered on
+	// topic.
+	Subscribe(ctx context.Context, endpoint, topic string) (Stream, error)
+	// Listen binds one SUB socket that replicas connect their PUB to; it
+	// receives every topic.
+	Listen(ctx context.Context, endpoint string) (Stream, error)
+	// Replay asks a replica's ROUTER for every buffered batch from seq on.
+	// No reply within timeout (a bad request gets none) is an error.
+	Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(Batch) error) error
+}
+
+// ZMQ is the Transport over github.com/go-zeromq/zmq4.
+type ZMQ struct{}
+
+type zstream struct{ s zmq4.Socket }
+
+func (z zstream) Recv() ([][]byte, error) {
+	m, err := z.s.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return m.Frames, nil
+}
+
+func (z zstream) Close() error { return z.s.Close() }
+
+// Subscribe implements Transport. The dial is tried once: the caller owns
+// the retry policy (jittered backoff), so that a dead replica costs nothing
+// but its timer.
+func (ZMQ) Subscribe(ctx context.Context, endpoint, topic string) (Stream, error) {
+	s := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(5*time.Second), zmq4.WithLogger(discardLog))
+	if err := s.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	if err := s.Dial(endpoint); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("dial %s: %w", endpoint, err)
+	}
+	return zstream{s}, nil
+}
+
+// Listen implements Transport.
+func (ZMQ) Listen(ctx context.Context, endpoint string) (Stream, error) {
+	s := zmq4.NewSub(ctx, zmq4.WithLogger(discardLog))
+	if err := s.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("subscribe: %w", err)
+	}
+	if err := s.Listen(endpoint); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("listen %s: %w", endpoint, err)
+	}
+	return zstream{s}, nil
+}
+
+// Replay implements Transport with a DEALER socket: it sends ["", seq8] and
+// reads replies until the end marker. A REQ socket would take one reply only.
+func (ZMQ) Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(Batch) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout), zmq4.WithTimeout(timeout), zmq4.WithLogger(discardLog))
+	defer d.Close()
+	if err := d.Dial(endpoint); err != nil {
+		return fmt.Errorf("replay dial %s: %w", endpoint, err)
+	}
+	seq := binary.BigEndian.AppendUint64(nil, from)
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, seq)); err != nil {
+		return fmt.Errorf("replay send: %w", err)
+	}
+	// Recv only returns when the socket's context ends, so a watchdog
+	// cancels it when the replica stays silent for timeout.
+	var timedOut bool
+	var mu sync.Mutex
+	t := time.AfterFunc(timeout, func() { mu.Lock(); timedOut = true; mu.Unlock(); cancel() })
+	defer t.Stop()
+	for {
+		m, err := d.Recv()
+		if err != nil {
+			mu.Lock()
+			to := timedOut
+			mu.Unlock()
+			if to {
+				return fmt.Errorf("replay: no answer within %v", timeout)
+			}
+			return fmt.Errorf("replay recv: %w", err)
+		}
+		t.Reset(timeout)
+		r, err := DecodeReplay(m.Frames)
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		if r.End {
+			return nil
+		}
+		if err := fn(r.Batch); err != nil {
+			return err
+		}
+	}
+}
+
+// feed is one input of a replica's worker: a live message, or the signal
+// that its stream (re)connected and the follower must sync.
+type feed struct {
+	frames [][]byte
+	resync bool
+}
+
+// backoff computes jittered exponential delays ("full jitter": uniform in
+// [d/2, d]), so that ingestors redialling a replica that came back do not
+// arrive in lockstep.
+type backoff struct {
+	min, max time.Duration
+	rnd      func() float64
+	n        int
+}
+
+func (b *backoff) next() time.Duration {
+	d := b.min << min(b.n, 20)
+	if d > b.max || d <= 0 {
+		d = b.max
+	}
+	b.n++
+	return d/2 + time.Duration(b.rnd()*float64(d/2))
+}
+
+func (b *backoff) reset() { b.n = 0 }
+
+// lockedRand makes one injected *rand.Rand safe for every goroutine.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}
+
+// workerConfig is everything one replica's worker needs.
+type workerConfig struct {
+	rep          kvroute.Replica
+	follower     *Follower
+	transport    Transport
+	dial         bool // false in bind mode: the dispatcher feeds the worker
+	stallTimeout time.Duration
+	minBackoff   time.Duration
+	maxBackoff   time.Duration
+	rnd          func() float64
+	m            *Metrics
+	log          *slog.Logger
+	now          func() time.Time
+}
+
+// worker follows one replica: in dial mode it owns the SUB connection and
+// redials it with backoff; in both modes it applies messages in order and
+// notices a stream that went silent.
+type worker struct {
+	workerConfig
+	in     chan feed
+	redial chan struct{}
+	purged chan struct{}
+
+	mu        sync.Mutex
+	downSince time.Time // zero while the stream is connected
+	stalled   bool
+}
+
+func newWorker(c workerConfig) *worker {
+	w := &worker{
+		workerConfig: c,
+		in:           make(chan feed, 1024),
+		redial:       make(chan struct{}, 1),
+		purged:       make(chan struct{}, 1),
+	}
+	w.downSince = c.now()
+	return w
+}
+
+// eventsDown reports how long the replica's event stream has been
+// unreachable (zero: it is connected). The ingestor's health check counts a
+// stream that cannot even be dialled as a failed probe: the index for that
+// replica is going stale.
+func (w *worker) eventsDown() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.dial || w.downSince.IsZero() {
+		return 0
+	}
+	return w.now().Sub(w.downSince)
+}
+
+func (w *worker) setDown(down bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case down && w.downSince.IsZero():
+		w.downSince = w.now()
+	case !down:
+		w.downSince = time.Time{}
+	}
+}
+
+// invalidate tells the worker the store's entries for its replica changed
+// under it (a purge).
+func (w *worker) invalidate() {
+	select {
+	case w.purged <- struct{}{}:
+	default:
+	}
+}
+
+// run blocks until ctx is done.
+func (w *worker) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if w.dial {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.dialLoop(ctx) }()
+	} else {
+		w.in <- feed{resync: true}
+	}
+	stall := time.NewTimer(w.stallTimeout)
+	defer stall.Stop()
+	defer w.m.stalled.DeleteLabelValues(w.rep.ID)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.purged:
+			w.follower.Invalidate()
+		case <-stall.C:
+			w.mu.Lock()
+			w.stalled = true
+			w.mu.Unlock()
+			w.m.stalled.WithLabelValues(w.rep.ID).Set(1)
+			w.log.Debug("event stream silent", "for", w.stallTimeout)
+			// An idle engine publishes nothing, so silence alone is no
+			// fault; but a silent SUB may also be connected to a dead
+			// peer (zmq4 does not reconnect by itself): dial again.
+			if w.dial {
+				select {
+				case w.redial <- struct{}{}:
+				default:
+				}
+			}
+			stall.Reset(w.stallTimeout)
+		case f := <-w.in:
+			if !stall.Stop() {
+				select {
+				case <-stall.C:
+				default:
+				}
+			}
+			stall.Reset(w.stallTimeout)
+			w.mu.Lock()
+			was := w.stalled
+			w.stalled = false
+			w.mu.Unlock()
+			if was {
+				w.m.stalled.WithLabelValues(w.rep.ID).Set(0)
+			}
+			w.handle(ctx, f)
+		}
+	}
+}
+
+func (w *worker) handle(ctx context.Context, f feed) {
+	if f.resync {
+		if err := w.follower.Sync(ctx); err != nil && ctx.Err() == nil {
+			w.log.Warn("sync", "err", err)
+		}
+		return
+	}
+	b, err := Decode(f.frames)
+	if err != nil {
+		w.m.decodeErrors.WithLabelValues(ReasonOf(err)).Inc()
+		w.log.Debug("bad message", "err", err)
+		return
+	}
+	if w.rep.Topic != "" && b.Topic != w.rep.Topic {
+		// SUB filters match prefixes: "kv" also lets "kv2" through.
+		w.m.decodeErrors.WithLabelValues("topic").Inc()
+		return
+	}
+	if err := w.follower.Handle(ctx, b); err != nil && ctx.Err() == nil {
+		w.log.Warn("apply", "seq", b.Seq, "err", err)
+	}
+}
+
+// dialLoop keeps one SUB connection to the replica, redialling with
+// jittered backoff when the dial fails, the connection errors, or the
+// worker asks for it.
+func (w *worker) dialLoop(ctx context.Context) {
+	bo := backoff{min: w.minBackoff, max: w.maxBackoff, rnd: w.rnd}
+	for ctx.Err() == nil {
+		s, err := w.transport.Subscribe(ctx, w.rep.Events, w.rep.Topic)
+		if err != nil {
+			w.setDown(true)
+			d := bo.next()
+			w.log.Debug("dial events", "endpoint", w.rep.Events, "err", err, "retry_in", d)
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
+		w.setDown(false)
+		select {
+		case w.in <- feed{resync: true}:
+		case <-ctx.Done():
+			s.Close()
+			return
+		}
+		err = w.read(ctx, s)
+		s.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			w.log.Debug("events stream", "err", err)
+			if !sleep(ctx, bo.next()) {
+				return
+			}
+			continue
+		}
+		bo.reset()
+	}
+}
+
+// read pumps messages from s into the worker until s fails, a redial is
+// requested (nil), or ctx ends.
+func (w *worker) read(ctx context.Context, s Stream) error {
+	errc := make(chan error, 1)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			frames, err := s.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case w.in <- feed{frames: frames}:
+			case <-done:
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-w.redial:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sleep waits d or until ctx ends; false means ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// dispatcher is the bind mode: one SUB socket that every replica's PUB
+// connects to. The topic names the replica; the dispatcher hands each
+// message to the worker of the replica this ingestor owns, and drops (and
+// counts) what it cannot place. A dropped batch shows up as a gap and is
+// replayed.
+type dispatcher struct {
+	mu      sync.RWMutex
+	workers map[string]*worker // by topic
+	m       *Metrics
+	log     *slog.Logger
+}
+
+func (d *dispatcher) set(topic string, w *worker) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if w == nil {
+		delete(d.workers, topic)
+		return
+	}
+	d.workers[topic] = w
+}
+
+func (d *dispatcher) run(ctx context.Context, s Stream) error {
+	context.AfterFunc(ctx, func() { s.Close() })
+	for {
+		frames, err := s.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bind recv: %w", err)
+		}
+		if len(frames) != 3 {
+			d.m.decodeErrors.WithLabelValues(RejectFrames).Inc()
+			continue
+		}
+		d.mu.RLock()
+		w := d.workers[string(frames[0])]
+		d.mu.RUnlock()
+		if w == nil {
+			continue // a replica someone else owns, or unknown
+		}
+		select {
+		case w.in <- feed{frames: frames}:
+		default:
+			d.m.dropped.Inc()
+		}
+	}
+}
+
+// topicOf is the topic a replica publishes under in bind mode: its
+// configured topic, or else its id.
+func topicOf(r kvroute.Replica) string {
+	if r.Topic != "" {
+		return r.Topic
+	}
+	return r.ID
+}
