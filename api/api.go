@@ -1,0 +1,271 @@
+// Package api is kvroute's HTTP surface: routing decisions (POST /v1/route),
+// the OpenAI-compatible proxy, the replica registry, health and metrics. It
+// only translates HTTP to calls on router.Router and the registry and back;
+// decisions are made by the router, and nothing below this package knows
+// HTTP.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMaxBodyBytes = 8 << 20
+	DefaultMaxTokens    = 1_000_000
+	DefaultTimeout      = 2 * time.Second
+)
+
+// Registry is what the admin endpoints need from the state store. It is
+// declared here, where it is used, so that api depends on no store package
+// and its tests run on an in-memory fake.
+type Registry interface {
+	PutReplica(ctx context.Context, r kvroute.Replica) error
+	// GetReplica returns an error wrapping kvroute.ErrNotFound when id is
+	// not registered.
+	GetReplica(ctx context.Context, id string) (kvroute.Replica, error)
+	// DeleteReplica removes the replica and what the index holds for it;
+	// it returns an error wrapping kvroute.ErrNotFound when id is not
+	// registered.
+	DeleteReplica(ctx context.Context, id string) error
+	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
+	// Stats describes what the index holds for one replica of model.
+	Stats(ctx context.Context, model, id string) (ReplicaStats, error)
+	// Loads returns, per replica in order, the load booked on it.
+	Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
+}
+
+// ReplicaStats is the index's view of one replica: how many blocks it holds
+// and how far its event stream has been applied. It mirrors the store's own
+// type so that api does not import the store.
+type ReplicaStats struct {
+	Blocks      int
+	AppliedSeq  int64
+	HasSeq      bool
+	LastApplied time.Time
+}
+
+// Config wires a Server. Router and Registry are required; every other zero
+// value gets a working default.
+type Config struct {
+	Router   *router.Router
+	Registry Registry
+	// Ready reports whether the pod can serve (typically: the store
+	// answers). Nil means always ready.
+	Ready  func(ctx context.Context) error
+	Logger *slog.Logger
+	// MaxBodyBytes bounds every request body; larger bodies get 413.
+	MaxBodyBytes int64
+	// MaxTokens bounds the token ids of one request, which bounds the
+	// work one decision can cost the store.
+	MaxTokens int
+	// Timeout is the deadline of every non-proxy request (decisions,
+	// progress reports, admin) and of the decision step of a proxied
+	// request. Proxied responses themselves have no overall deadline: a
+	// long generation is not an error.
+	Timeout time.Duration
+	// Registerer receives the API's metrics; Gatherer serves /metrics.
+	// When both are nil a private registry is used for both, so that two
+	// Servers in one test binary do not collide.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// ProxyClient's Transport carries proxied requests to replicas
+	// (http.DefaultTransport when nil). Its Timeout is not applied: a
+	// streamed generation may run for minutes.
+	ProxyClient *http.Client
+}
+
+// Server is the HTTP handler. Build it with New.
+type Server struct {
+	cfg     Config
+	rt      *router.Router
+	reg     Registry
+	log     *slog.Logger
+	m       *metrics
+	handler http.Handler
+	proxy   http.RoundTripper
+}
+
+// New checks cfg, registers the metrics and builds the routes.
+func New(cfg Config) (*Server, error) {
+	if cfg.Router == nil {
+		return nil, errors.New("api: Config.Router is required")
+	}
+	if cfg.Registry == nil {
+		return nil, errors.New("api: Config.Registry is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = func(context.Context) error { return nil }
+	}
+	switch {
+	case cfg.Registerer == nil && cfg.Gatherer == nil:
+		reg := prometheus.NewRegistry()
+		cfg.Registerer, cfg.Gatherer = reg, reg
+	case cfg.Gatherer == nil:
+		if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
+			cfg.Gatherer = g
+		} else {
+			cfg.Gatherer = prometheus.DefaultGatherer
+		}
+	case cfg.Registerer == nil:
+		r, ok := cfg.Gatherer.(prometheus.Registerer)
+		if !ok {
+			return nil, errors.New("api: Config.Registerer is required when Gatherer cannot register")
+		}
+		cfg.Registerer = r
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("api: metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: http.DefaultTransport}
+	if cfg.ProxyClient != nil && cfg.ProxyClient.Transport != nil {
+		s.proxy = cfg.ProxyClient.Transport
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// ServeHTTP makes Server an http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+func (s *Server) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, s.accessLog, s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, fmt.Errorf("no such endpoint %s %s: %w", r.Method, r.URL.Path, kvroute.ErrNotFound))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		s.m.errors.WithLabelValues(CodeMethod).Inc()
+		writeJSON(w, http.StatusMethodNotAllowed, ErrorBody{Error: ErrorDetail{Code: CodeMethod, Message: r.Method + " is not allowed on " + r.URL.Path}})
+	})
+
+	r.Get("/healthz", s.healthz)
+	r.Get("/readyz", s.readyz)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+
+	// Everything but the proxy answers within Timeout: a decision that
+	// takes longer than that is worth less than a fast error.
+	r.Group(func(r chi.Router) {
+		r.Use(s.timeout)
+		r.Post("/v1/route", s.route)
+		r.Post("/v1/requests/{id}/first-token", s.firstToken)
+		r.Post("/v1/requests/{id}/release", s.release)
+		r.Get("/v1/replicas", s.listReplicas)
+		r.Get("/v1/replicas/{id}", s.getReplica)
+		r.Put("/v1/replicas/{id}", s.putReplica)
+		r.Delete("/v1/replicas/{id}", s.deleteReplica)
+	})
+	r.Post("/v1/completions", s.proxyOpenAI)
+	r.Post("/v1/chat/completions", s.proxyOpenAI)
+	return r
+}
+
+// timeout bounds the request's context; the store and router honour it.
+func (s *Server) timeout(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// accessLog writes one structured line per request. It wraps the writer
+// with chi's WrapResponseWriter, which keeps http.Flusher (and Unwrap for
+// http.ResponseController) so that proxied streams still flush.
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		defer func() {
+			// Probes and scrapes arrive every few seconds from every
+			// orchestrator; they would drown the lines that matter.
+			level := slog.LevelInfo
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+				level = slog.LevelDebug
+			}
+			s.log.LogAttrs(r.Context(), level, "http",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.Int("status", ww.Status()), slog.Int("bytes", ww.BytesWritten()),
+				slog.Duration("duration", time.Since(start)),
+				slog.String("http_request_id", middleware.GetReqID(r.Context())),
+				slog.String("remote", r.RemoteAddr))
+		}()
+		next.ServeHTTP(ww, r)
+	})
+}
+
+// recoverer turns a handler panic into a logged JSON 500 instead of a
+// dropped connection. http.ErrAbortHandler is re-panicked: the reverse
+// proxy uses it to abort a stream whose upstream failed mid-body, and the
+// server must then close the connection rather than append a body.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			rec := recover()
+			if rec == nil {
+				return
+			}
+			if rec == http.ErrAbortHandler {
+				panic(rec)
+			}
+			s.log.ErrorContext(r.Context(), "panic in handler", "path", r.URL.Path, "panic", rec)
+			s.m.errors.WithLabelValues(CodeInternal).Inc()
+			writeJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: CodeInternal, Message: "internal error"}})
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// healthz says only that the process serves HTTP; orchestrators restart a
+// pod that fails it, so it must not depend on Redis.
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz says whether this pod should receive traffic: a pod that cannot
+// reach the store is taken out of the load balancer rather than restarted.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+	defer cancel()
+	if err := s.cfg.Ready(ctx); err != nil {
+		s.m.errors.WithLabelValues(CodeNotReady).Inc()
+		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{Code: CodeNotReady, Message: err.Error()}})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,170 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+)
+
+// readBody reads the whole body, at most MaxBodyBytes of it. The proxy needs
+// the bytes twice (to route on, then to forward), so it reads them once.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if err := checkJSON(r); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+}
+
+// decodeStrict decodes a JSON object body into v, rejecting unknown fields
+// (a misspelt option must not be silently ignored), trailing data and
+// bodies over MaxBodyBytes.
+func (s *Server) decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
+	if err := checkJSON(r); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return fmt.Errorf("%w: unexpected data after the JSON object", kvroute.ErrInvalidInput)
+	}
+	return nil
+}
+
+// checkJSON accepts a JSON content type, none at all, or the form type
+// that `curl -d` sends unless told otherwise: the body is parsed as JSON
+// either way, and the quick-start examples must work as typed. Anything
+// else (text/plain, multipart) is a client mistake worth naming.
+func checkJSON(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "application/x-www-form-urlencoded") {
+		return nil
+	}
+	return withCode(CodeInvalidInput, fmt.Errorf("%w: Content-Type must be application/json, got %q", kvroute.ErrInvalidInput, ct))
+}
+
+// jsonError turns encoding/json's errors into input errors that name the
+// field at fault, and leaves transport errors (body too large) alone.
+func jsonError(err error) error {
+	var (
+		fe  *kvroute.FieldError
+		mbe *http.MaxBytesError
+		ute *json.UnmarshalTypeError
+		se  *json.SyntaxError
+	)
+	switch {
+	case errors.As(err, &fe), errors.As(err, &mbe):
+		return err
+	case errors.As(err, &ute):
+		if ute.Field == "" {
+			return withCode(CodeInvalidJSON, fmt.Errorf("%w: body must be a JSON object", kvroute.ErrInvalidInput))
+		}
+		return &kvroute.FieldError{Field: ute.Field, Msg: "must be " + article(ute.Type.String()) + ", got " + ute.Value}
+	case errors.As(err, &se):
+		return withCode(CodeInvalidJSON, fmt.Errorf("%w: malformed JSON at byte %d: %v", kvroute.ErrInvalidInput, se.Offset, se))
+	case errors.Is(err, io.EOF):
+		return withCode(CodeInvalidJSON, fmt.Errorf("%w: request body is empty", kvroute.ErrInvalidInput))
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return withCode(CodeInvalidJSON, fmt.Errorf("%w: malformed JSON: unexpected end of body", kvroute.ErrInvalidInput))
+	}
+	// encoding/json reports unknown fields with a plain error string.
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		if f, err := strconv.Unquote(name); err == nil {
+			name = f
+		}
+		return &kvroute.FieldError{Field: name, Msg: "is not a known field"}
+	}
+	return withCode(CodeInvalidJSON, fmt.Errorf("%w: %v", kvroute.ErrInvalidInput, err))
+}
+
+func article(t string) string {
+	switch t {
+	case "int", "int64", "uint32":
+		return "an integer"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	}
+	return "a " + t
+}
+
+// tokenIDs decodes a JSON array of token ids straight into uint32s. It is
+// hand-parsed because prompts run to a million ids and reflection-based
+// decoding of each one dominates a decision's CPU time, and so that a bad id
+// is reported with its index. encoding/json has already checked the syntax
+// when UnmarshalJSON is called.
+type tokenIDs []uint32
+
+// tokenField is the field tokenIDs errors name; the proxy decodes prompt
+// with the same parser and renames the field.
+const tokenField = "token_ids"
+
+func (t *tokenIDs) UnmarshalJSON(b []byte) error {
+	b = trimSpace(b)
+	if string(b) == "null" {
+		*t = nil
+		return nil
+	}
+	if len(b) < 2 || b[0] != '[' {
+		return &kvroute.FieldError{Field: tokenField, Msg: "must be an array of token ids"}
+	}
+	b = trimSpace(b[1 : len(b)-1])
+	out := make([]uint32, 0, len(b)/4+1)
+	for i := 0; len(b) > 0; i++ {
+		j := 0
+		for j < len(b) && b[j] != ',' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+			j++
+		}
+		num := b[:j]
+		v, err := strconv.ParseUint(string(num), 10, 32)
+		if err != nil {
+			return &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("element %d must be an integer in [0, 4294967295], got %s", i, truncate(num))}
+		}
+		out = append(out, uint32(v))
+		b = trimSpace(b[j:])
+		if len(b) > 0 {
+			if b[0] != ',' {
+				// A string or nested value with spaces inside it.
+				return &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("element %d must be an integer", i)}
+			}
+			b = trimSpace(b[1:])
+		}
+	}
+	*t = out
+	return nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func truncate(b []byte) string {
+	if len(b) > 24 {
+		return string(b[:24]) + "..."
+	}
+	return string(b)
+}

@@ -1,0 +1,116 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Error codes are part of the API: clients switch on them, so they never
+// change meaning once shipped.
+const (
+	CodeInvalidInput    = "invalid_input"
+	CodeInvalidJSON     = "invalid_json"
+	CodeBodyTooLarge    = "body_too_large"
+	CodeNotFound        = "not_found"
+	CodeModelNotFound   = "model_not_found"
+	CodeReplicaNotFound = "replica_not_found"
+	CodeNoReplica       = "no_replica"
+	CodeUnavailable     = "unavailable"
+	CodeNotReady        = "not_ready"
+	CodeTimeout         = "timeout"
+	CodeCanceled        = "canceled"
+	CodeUpstream        = "upstream_error"
+	CodeMethod          = "method_not_allowed"
+	CodeInternal        = "internal"
+	statusClientClosed  = 499
+)
+
+// ErrorBody is the JSON every error answer carries, so that clients parse
+// one shape whatever went wrong.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail says what went wrong; Field names the request field at fault
+// when there is one, so a client can point at it without parsing Message.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// codedError overrides the code statusOf would derive from err, for the few
+// cases where the same sentinel means different things to a client (an
+// unknown model is not the same as an unknown replica).
+type codedError struct {
+	code string
+	err  error
+}
+
+func (e *codedError) Error() string { return e.err.Error() }
+func (e *codedError) Unwrap() error { return e.err }
+
+func withCode(code string, err error) error { return &codedError{code: code, err: err} }
+
+// errUpstream marks a failure to reach the chosen replica in the proxy.
+var errUpstream = errors.New("upstream replica failed")
+
+// statusOf is the one place errors become HTTP statuses. Handlers never pick
+// a status for a failure themselves; they return or wrap a sentinel from the
+// kvroute package and let this function decide.
+func statusOf(err error) (int, ErrorDetail) {
+	d := ErrorDetail{Message: err.Error()}
+	var (
+		status int
+		fe     *kvroute.FieldError
+		mbe    *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		status, d.Code = http.StatusRequestEntityTooLarge, CodeBodyTooLarge
+		d.Message = "request body is larger than the limit"
+	case errors.As(err, &fe):
+		status, d.Code, d.Field = http.StatusBadRequest, CodeInvalidInput, fe.Field
+	case errors.Is(err, kvroute.ErrInvalidInput):
+		status, d.Code = http.StatusBadRequest, CodeInvalidInput
+	case errors.Is(err, kvroute.ErrNotFound):
+		status, d.Code = http.StatusNotFound, CodeNotFound
+	case errors.Is(err, kvroute.ErrNoReplica):
+		status, d.Code = http.StatusServiceUnavailable, CodeNoReplica
+	case errors.Is(err, kvroute.ErrUnavailable):
+		status, d.Code = http.StatusServiceUnavailable, CodeUnavailable
+	case errors.Is(err, errUpstream):
+		status, d.Code = http.StatusBadGateway, CodeUpstream
+	case errors.Is(err, context.DeadlineExceeded):
+		status, d.Code = http.StatusGatewayTimeout, CodeTimeout
+	case errors.Is(err, context.Canceled):
+		status, d.Code = statusClientClosed, CodeCanceled
+	default:
+		status, d.Code = http.StatusInternalServerError, CodeInternal
+		// Internal details stay in the log, not in the answer.
+		d.Message = "internal error"
+	}
+	var ce *codedError
+	if errors.As(err, &ce) {
+		d.Code = ce.code
+	}
+	return status, d
+}
+
+// writeError answers with err's status and JSON body, counts it by code and
+// logs server-side failures, which the client cannot fix.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	status, d := statusOf(err)
+	s.m.errors.WithLabelValues(d.Code).Inc()
+	if status >= 500 && status != http.StatusServiceUnavailable {
+		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
+	}
+	if status == http.StatusServiceUnavailable {
+		// Both causes (no healthy replica, store down) are usually brief.
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, ErrorBody{Error: d})
+}

@@ -1,0 +1,131 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ReplicaList is the answer of GET /v1/replicas.
+type ReplicaList struct {
+	Replicas []kvroute.Replica `json:"replicas"`
+}
+
+// ReplicaDetail is the answer of GET /v1/replicas/{id}: the registry entry
+// (flattened) plus what the index and the load counters say about it, which
+// is what an operator needs to see why a replica does or does not win.
+type ReplicaDetail struct {
+	kvroute.Replica
+	Routable bool `json:"routable"`
+	// Blocks is how many blocks the index holds for the replica.
+	Blocks int `json:"blocks"`
+	// AppliedSeq is the last event batch applied; absent until the
+	// replica's first batch (and always for replicas without events).
+	AppliedSeq  *int64        `json:"applied_seq,omitempty"`
+	LastApplied time.Time     `json:"last_applied,omitzero"`
+	Load        *kvroute.Load `json:"load,omitempty"`
+}
+
+func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request) {
+	list, err := s.reg.ListReplicas(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if list == nil {
+		list = []kvroute.Replica{}
+	}
+	slices.SortFunc(list, func(a, b kvroute.Replica) int { return strings.Compare(a.ID, b.ID) })
+	writeJSON(w, http.StatusOK, ReplicaList{Replicas: list})
+}
+
+func (s *Server) getReplica(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	rep, err := s.lookupReplica(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	st, err := s.reg.Stats(ctx, rep.Model, rep.ID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	loads, err := s.reg.Loads(ctx, rep.Model, []string{rep.ID})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	d := ReplicaDetail{Replica: rep, Routable: rep.Routable(), Blocks: st.Blocks, LastApplied: st.LastApplied}
+	if st.HasSeq {
+		d.AppliedSeq = &st.AppliedSeq
+	}
+	if len(loads) == 1 {
+		d.Load = &loads[0]
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// putReplica registers or replaces a replica. The path names the resource,
+// so a body id is optional but must agree with it.
+func (s *Server) putReplica(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	var rep kvroute.Replica
+	if err := s.decodeStrict(w, r, &rep); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	switch {
+	case rep.ID == "":
+		rep.ID = id
+	case rep.ID != id:
+		s.writeError(w, r, &kvroute.FieldError{Field: "id", Msg: fmt.Sprintf("%q does not match the path's %q", rep.ID, id)})
+		return
+	}
+	if err := rep.Validate(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if _, err := s.reg.GetReplica(r.Context(), id); errors.Is(err, kvroute.ErrNotFound) {
+		status = http.StatusCreated
+	} else if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.reg.PutReplica(r.Context(), rep); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// This pod sees its own write at once; other pods within RegistryTTL.
+	s.rt.Invalidate()
+	writeJSON(w, status, rep)
+}
+
+func (s *Server) deleteReplica(w http.ResponseWriter, r *http.Request) {
+	if err := s.reg.DeleteReplica(r.Context(), chi.URLParam(r, "id")); err != nil {
+		s.writeError(w, r, replicaNotFound(err))
+		return
+	}
+	s.rt.Invalidate()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) lookupReplica(r *http.Request) (kvroute.Replica, error) {
+	rep, err := s.reg.GetReplica(r.Context(), chi.URLParam(r, "id"))
+	return rep, replicaNotFound(err)
+}
+
+func replicaNotFound(err error) error {
+	if errors.Is(err, kvroute.ErrNotFound) {
+		return withCode(CodeReplicaNotFound, err)
+	}
+	return err
+}

@@ -1,0 +1,218 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Headers the API reads and writes. Decisions travel in headers as well as
+// in bodies so that a 307 redirect or a proxied stream still carries them.
+const (
+	HeaderSessionID      = "X-Session-Id"
+	HeaderRequestID      = "X-Kvroute-Request-Id"
+	HeaderReplica        = "X-Kvroute-Replica"
+	HeaderDegradedReason = "X-Kvroute-Degraded-Reason"
+)
+
+// DefaultRedirectPath is appended to the replica URL of a 307 redirect when
+// the client names no ?path=.
+const DefaultRedirectPath = "/v1/completions"
+
+// RouteRequest is the body of POST /v1/route.
+type RouteRequest struct {
+	Model     string   `json:"model"`
+	TokenIDs  tokenIDs `json:"token_ids"`
+	SessionID string   `json:"session_id,omitempty"`
+	CacheSalt string   `json:"cache_salt,omitempty"`
+	LoRA      string   `json:"lora,omitempty"`
+	// MaxTokens is the expected output length; it sizes the lease.
+	MaxTokens *int   `json:"max_tokens,omitempty"`
+	Policy    string `json:"policy,omitempty"`
+	// Explain asks for every candidate's score in the answer.
+	Explain bool `json:"explain,omitempty"`
+	// Prompt and Messages are recognised only to say that token ids are
+	// required: rejecting them as unknown fields would hide why.
+	Prompt   json.RawMessage `json:"prompt,omitempty"`
+	Messages json.RawMessage `json:"messages,omitempty"`
+}
+
+// ReplicaRef is where a decision sends the request.
+type ReplicaRef struct {
+	ID  string `json:"id"`
+	URL string `json:"url"`
+}
+
+// RouteResponse is the answer of POST /v1/route.
+type RouteResponse struct {
+	RequestID     string     `json:"request_id"`
+	Replica       ReplicaRef `json:"replica"`
+	MatchedBlocks int        `json:"matched_blocks"`
+	// Approximate is true when the match is known only from the router's
+	// own past decisions (a replica that publishes no events).
+	Approximate  bool   `json:"approximate"`
+	PromptBlocks int    `json:"prompt_blocks"`
+	BlockSize    int    `json:"block_size"`
+	Policy       string `json:"policy"`
+	Mode         string `json:"mode,omitempty"`
+	// Degraded is true when the state store was bypassed; Reason says why.
+	Degraded bool   `json:"degraded"`
+	Reason   string `json:"reason,omitempty"`
+	// ExpiresAt is when the booked load is released if the client never
+	// reports the request's end. Degraded decisions book nothing.
+	ExpiresAt  time.Time       `json:"expires_at,omitzero"`
+	Candidates []scoring.Score `json:"candidates,omitempty"`
+}
+
+// ProgressResponse answers first-token and release. Found is false when
+// the lease is already gone (released, or expired): repeating a report is
+// harmless, so it is not an error.
+type ProgressResponse struct {
+	RequestID string `json:"request_id"`
+	Found     bool   `json:"found"`
+}
+
+// route answers POST /v1/route: a JSON decision, or with ?redirect=true a
+// 307 to the chosen replica. Either way the client owns the request's
+// lifecycle and should report first-token and release.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	var body RouteRequest
+	if err := s.decodeStrict(w, r, &body); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req, err := s.routeRequest(body, r.Header.Get(HeaderSessionID))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	redirect, _ := strconv.ParseBool(r.URL.Query().Get("redirect"))
+	path := r.URL.Query().Get("path")
+	if path == "" {
+		path = DefaultRedirectPath
+	}
+	if redirect && !strings.HasPrefix(path, "/") {
+		s.writeError(w, r, &kvroute.FieldError{Field: "path", Msg: "must start with /"})
+		return
+	}
+	d, err := s.decide(r, req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	resp := RouteResponse{
+		RequestID: d.RequestID, Replica: ReplicaRef{ID: d.Replica.ID, URL: d.Replica.URL},
+		MatchedBlocks: d.Matched, Approximate: d.Approximate, PromptBlocks: d.PromptBlocks,
+		BlockSize: d.BlockSize, Policy: string(d.Policy), Mode: d.Mode,
+		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
+	}
+	if body.Explain {
+		resp.Candidates = d.Candidates
+	}
+	setDecisionHeaders(w.Header(), d)
+	if redirect {
+		w.Header().Set("Location", strings.TrimRight(d.Replica.URL, "/")+path)
+		writeJSON(w, http.StatusTemporaryRedirect, resp)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// routeRequest validates a decoded body and turns it into the router's
+// question. The session header is a fallback: the body is more specific.
+func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Request, error) {
+	if b.TokenIDs == nil && (len(b.Prompt) > 0 || len(b.Messages) > 0) {
+		return router.Request{}, &kvroute.FieldError{Field: "token_ids", Msg: "are required: prompt and messages are not accepted until the tokenizer ships; send the prompt's token ids"}
+	}
+	if b.Model == "" {
+		return router.Request{}, &kvroute.FieldError{Field: "model", Msg: "is required"}
+	}
+	if len(b.TokenIDs) > s.cfg.MaxTokens {
+		return router.Request{}, &kvroute.FieldError{Field: "token_ids", Msg: fmt.Sprintf("has %d ids, more than the limit of %d", len(b.TokenIDs), s.cfg.MaxTokens)}
+	}
+	req := router.Request{
+		Model: b.Model, Tokens: b.TokenIDs, SessionID: b.SessionID,
+		CacheSalt: b.CacheSalt, LoRA: b.LoRA,
+	}
+	if req.SessionID == "" {
+		req.SessionID = sessionHeader
+	}
+	if b.MaxTokens != nil {
+		if *b.MaxTokens < 0 {
+			return router.Request{}, &kvroute.FieldError{Field: "max_tokens", Msg: "must be >= 0"}
+		}
+		req.MaxTokens = *b.MaxTokens
+	}
+	if b.Policy != "" {
+		p, err := scoring.ParsePolicy(b.Policy)
+		if err != nil {
+			return router.Request{}, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
+		}
+		req.Policy = p
+	}
+	return req, nil
+}
+
+// decide asks the router and records the decision's metrics. An unknown
+// model gets its own error code: to a client it is a different mistake
+// from an unknown replica id.
+func (s *Server) decide(r *http.Request, req router.Request) (router.Decision, error) {
+	start := time.Now()
+	d, err := s.rt.Route(r.Context(), req)
+	if err != nil {
+		if errors.Is(err, kvroute.ErrNotFound) {
+			err = withCode(CodeModelNotFound, err)
+		}
+		return d, err
+	}
+	s.m.observe(d, time.Since(start))
+	return d, nil
+}
+
+// setDecisionHeaders puts the decision where redirected and proxied
+// clients can see it without parsing a body. reasons are degradations the
+// caller knows of besides the router's own.
+func setDecisionHeaders(h http.Header, d router.Decision, reasons ...string) {
+	h.Set(HeaderRequestID, d.RequestID)
+	h.Set(HeaderReplica, d.Replica.ID)
+	if d.Degraded {
+		reasons = append(reasons, ReasonStoreUnavailable)
+	}
+	if len(reasons) > 0 {
+		h.Set(HeaderDegradedReason, strings.Join(reasons, ","))
+	}
+}
+
+// firstToken answers POST /v1/requests/{id}/first-token: the request's
+// booking moves from prefill to decode.
+func (s *Server) firstToken(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	found, err := s.rt.FirstToken(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ProgressResponse{RequestID: id, Found: found})
+}
+
+// release answers POST /v1/requests/{id}/release: the request's booking
+// ends.
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	found, err := s.rt.Release(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ProgressResponse{RequestID: id, Found: found})
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// envPrefix names every flag's environment variable: --overlap-credit is
+// KVROUTE_OVERLAP_CREDIT. Containers are configured by environment,
+// humans by flags; a flag given on the command line wins.
+const envPrefix = "KVROUTE_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// runServe is `kvroute serve`: the HTTP scoring pod. Without a Redis URL it
+// runs everything in one process over an embedded Redis.
+func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
+	cfg, logCfg, err := parseServe(args, os.Getenv, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, logCfg)
+	if err != nil {
+		return usageError{err}
+	}
+	cfg.Logger = log
+	if cfg.RedisURL == "" {
+		// Embedded mode: the ingestor runs in this process over the same
+		// in-memory store. HOOK (lead): append it to cfg.Tasks here, e.g.
+		//   cfg.Tasks = append(cfg.Tasks, func(ctx context.Context, st *store.Store) error {
+		//       in, err := ingestor.New(ingestor.Config{Store: st, Owner: ..., Seed: cfg.Router.Seed, Logger: log})
+		//       if err != nil { return err }
+		//       return in.Run(ctx)
+		//   })
+		log.Warn("embedded mode: no ingestor is wired in yet, so replicas are routed on approximate entries only")
+	}
+	return app.Run(ctx, cfg)
+}
+
+type logConfig struct {
+	level, format string
+}
+
+// parseServe turns the command line and environment into the app's
+// configuration. getenv is injected so that tests need not touch the
+// process environment.
+func parseServe(args []string, getenv func(string) string, stderr io.Writer) (app.Config, logConfig, error) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rc := router.DefaultConfig()
+	sc := rc.Scoring
+	cfg := app.Config{}
+	var lc logConfig
+	var policy string
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen `address` (all interfaces by default: the pod sits behind a load balancer)")
+	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis `URL` (redis:// or rediss://); empty runs an embedded in-memory Redis in this process")
+	fs.StringVar(&policy, "policy", string(sc.Policy), "routing `policy`: "+policyNames())
+	fs.Float64Var(&sc.OverlapCredit, "overlap-credit", sc.OverlapCredit, "prefill blocks one cached block saves (0 disables cache awareness)")
+	fs.Float64Var(&sc.CreditDecay, "credit-decay", sc.CreditDecay, "shrinks the overlap credit of replicas carrying excess prefill (anti-herding)")
+	fs.Float64Var(&sc.PrefillLoadScale, "prefill-load-scale", sc.PrefillLoadScale, "weight of the prefill term against the decode term")
+	fs.Float64Var(&sc.DecodeRequestWeight, "decode-request-weight", sc.DecodeRequestWeight, "blocks charged per active request")
+	fs.Float64Var(&sc.HostWeight, "host-weight", sc.HostWeight, "credit of a block cached only in an offload tier, relative to a GPU block (0..1)")
+	fs.IntVar(&rc.BlockSize, "block-size", rc.BlockSize, "tokens per KV block; must match the replicas' --block-size")
+	fs.DurationVar(&rc.LeaseTTL, "lease-ttl", rc.LeaseTTL, "minimum life of a load booking; the request's predicted duration is added")
+	fs.Uint64Var(&rc.Seed, "seed", rc.Seed, "block-key seed; must be equal on every pod and ingestor sharing a Redis")
+	fs.StringVar(&cfg.ReplicasFile, "replicas-file", "", "`file` holding a JSON array of replicas to register at start")
+	fs.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", api.DefaultMaxBodyBytes, "largest request body accepted (413 above)")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", api.DefaultMaxTokens, "most token ids in one request")
+	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", api.DefaultTimeout, "deadline of a decision or admin request (proxied streams have none)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may drain on SIGTERM")
+	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvroute serve [flags]\n\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(stderr, "  --%s %s  (env %s, default %q)\n    \t%s\n", f.Name, name, envName(f.Name), f.DefValue, usage)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, lc, err
+		}
+		return cfg, lc, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return cfg, lc, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return cfg, lc, usageError{err}
+	}
+	p, err := scoring.ParsePolicy(policy)
+	if err != nil {
+		return cfg, lc, usageError{fmt.Errorf("--policy: %w", err)}
+	}
+	sc.Policy = p
+	if err := sc.Validate(); err != nil {
+		return cfg, lc, usageError{err}
+	}
+	if rc.BlockSize <= 0 {
+		return cfg, lc, usageError{fmt.Errorf("--block-size must be positive, got %d", rc.BlockSize)}
+	}
+	rc.Scoring = sc
+	cfg.Router = rc
+	return cfg, lc, nil
+}
+
+// applyEnv sets every flag that the command line did not set from its
+// environment variable, through the flag's own parser, so that an
+// environment value is validated exactly like a flag.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func policyNames() string {
+	names := make([]string, len(scoring.Policies))
+	for i, p := range scoring.Policies {
+		names[i] = string(p)
+	}
+	return strings.Join(names, ", ")
+}
+
+func newLogger(w io.Writer, lc logConfig) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(lc.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch lc.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, got %q", lc.format)
+}

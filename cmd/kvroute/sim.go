@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/sim"
+)
+
+// simOutput is `kvroute sim --json`: stable, documented in sim/README.md.
+type simOutput struct {
+	Workload string           `json:"workload"`
+	Requests int              `json:"requests"`
+	Config   sim.Config       `json:"config"`
+	Reports  []sim.Report     `json:"reports"`
+	Sweep    *sim.SweepResult `json:"sweep,omitempty"`
+}
+
+// runSim is `kvroute sim`: replay a trace or a named workload against
+// policies and print the comparison (and optionally a weight sweep).
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := sim.DefaultConfig()
+	var (
+		trace     = fs.String("trace", "", "Mooncake-format JSONL trace `file`")
+		workload  = fs.String("workload", "", "built-in workload: herding, stale or agentic")
+		replicas  = fs.Int("replicas", def.Replicas, "number of replicas (1..64)")
+		policies  = fs.String("policies", "kv,hard-switch,session,least-load,round-robin,pure-affinity", "comma-separated policies")
+		weights   = fs.String("weights", "", "kv weights, e.g. overlap_credit=1,credit_decay=0.5,prefill_load_scale=1,host_weight=0.75")
+		capacity  = fs.Int("capacity", def.CapacityBlocks, "KV cache per replica, in blocks of the workload's block size")
+		prefill   = fs.Float64("prefill-tps", def.PrefillTPS, "prefill tokens/s per replica")
+		decode    = fs.Float64("decode-tps", def.DecodeTPS, "decode tokens/s per running request")
+		batch     = fs.Int("max-batch", def.MaxBatch, "running requests per replica")
+		delay     = fs.Duration("event-delay", def.EventDelay, "cache event delivery delay")
+		loss      = fs.Float64("event-loss", 0, "probability an event batch is lost")
+		booking   = fs.String("decode-booking", sim.BookActive, "router's decode booking: active (prompt+output blocks) or output")
+		dropRm    = fs.Bool("drop-removals", false, "never deliver removal events (stale index)")
+		blockTok  = fs.Int("block-tokens", 512, "tokens per trace hash_id")
+		timeScale = fs.Float64("time-scale", 1, "multiply trace timestamps (0.5 = twice as fast)")
+		limit     = fs.Int("limit", 0, "replay only the first N trace requests")
+		seed      = fs.Uint64("seed", 1, "random seed")
+		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
+		svgPath   = fs.String("svg", "sim.svg", "write the chart to `file` (empty: none)")
+		sweep     = fs.Bool("sweep", false, "sweep kv weights and report the best by --objective")
+		objective = fs.String("objective", "ttft_p99", "sweep objective: ttft_p99, ttft_p50, e2e_p99, makespan")
+		top       = fs.Int("top", 10, "sweep rows to print")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if (*trace == "") == (*workload == "") {
+		return errors.New("sim: give exactly one of --trace or --workload")
+	}
+	var w sim.Workload
+	var err error
+	if *trace != "" {
+		f, err := os.Open(*trace)
+		if err != nil {
+			return err
+		}
+		w, err = sim.LoadMooncake(f, sim.MooncakeOptions{BlockTokens: *blockTok, TimeScale: *timeScale, Limit: *limit})
+		f.Close()
+		if err != nil {
+			return err
+		}
+	} else {
+		switch *workload {
+		case "herding":
+			w = sim.Herding(48, 3, *seed)
+		case "stale":
+			w = sim.StaleIndex(*seed, time.Second)
+		case "agentic":
+			w = sim.Agentic(sim.AgenticOptions{Seed: *seed})
+		default:
+			return fmt.Errorf("sim: unknown workload %q (want herding, stale or agentic)", *workload)
+		}
+	}
+	cfg := sim.Config{
+		Replicas: *replicas, CapacityBlocks: *capacity, PrefillTPS: *prefill, DecodeTPS: *decode,
+		MaxBatch: *batch, EventDelay: *delay, EventLoss: *loss, DropRemovals: *dropRm, DecodeBooking: *booking, Seed: *seed,
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	base, err := sim.ParseWeights(scoring.DefaultConfig(), *weights)
+	if err != nil {
+		return err
+	}
+	pols, err := sim.ParsePolicies(*policies)
+	if err != nil {
+		return err
+	}
+	reports, err := sim.Compare(ctx, cfg, base, pols, w)
+	if err != nil {
+		return err
+	}
+	out := simOutput{Workload: w.Name, Requests: len(w.Requests), Config: cfg, Reports: reports}
+	if *sweep {
+		s, err := sim.Sweep(ctx, cfg, base, sim.DefaultGrid(), *objective, w)
+		if err != nil {
+			return err
+		}
+		out.Sweep = &s
+	}
+	if *svgPath != "" {
+		f, err := os.Create(*svgPath)
+		if err != nil {
+			return err
+		}
+		if err := sim.WriteSVG(f, reports); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(stdout, "%s: %d requests on %d replicas (capacity %d blocks, prefill %.0f tok/s, decode %.0f tok/s)\n",
+		w.Name, len(w.Requests), cfg.Replicas, cfg.CapacityBlocks, cfg.PrefillTPS, cfg.DecodeTPS)
+	if err := sim.WriteTable(stdout, reports); err != nil {
+		return err
+	}
+	if out.Sweep != nil {
+		fmt.Fprintln(stdout)
+		if err := sim.WriteSweep(stdout, *out.Sweep, *top); err != nil {
+			return err
+		}
+	}
+	if *svgPath != "" {
+		fmt.Fprintf(stdout, "chart: %s\n", *svgPath)
+	}
+	return nil
+}
