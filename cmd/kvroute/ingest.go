@@ -3,11 +3,113 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/store"
 )
 
-// runIngest is a TEMPORARY stub so that the binary builds before the lead
-// adds the real `kvroute ingest`; replace this whole file.
-func runIngest(_ context.Context, _ []string, _, _ io.Writer) error {
-	return errors.New("not yet")
+// ingestConfig is everything `kvroute ingest` is configured with.
+type ingestConfig struct {
+	redisURL      string
+	metricsListen string
+	ing           ingestor.Config
+	log           logConfig
+}
+
+func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (ingestConfig, error) {
+	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	host, _ := os.Hostname()
+	c := ingestConfig{}
+	fs.StringVar(&c.redisURL, "redis-url", "", "Redis `URL` holding the index (required: ingestors share the fleet through it)")
+	fs.StringVar(&c.metricsListen, "metrics-listen", ":9091", "`address` serving /metrics and /healthz")
+	fs.StringVar(&c.ing.Owner, "owner", fmt.Sprintf("%s-%d", host, os.Getpid()), "this ingestor's `name` in ownership leases; unique per process")
+	fs.StringVar(&c.ing.Bind, "bind", "", "bind one SUB `endpoint` (e.g. tcp://*:5557) for replicas to connect to, instead of dialing each replica")
+	fs.Uint64Var(&c.ing.Seed, "seed", 0, "block-key seed; must equal every serve pod's --seed")
+	fs.DurationVar(&c.ing.LeaseTTL, "lease-ttl", 15*time.Second, "ownership lease: how long a crashed ingestor's replicas go unfollowed")
+	fs.DurationVar(&c.ing.HealthInterval, "health-interval", 5*time.Second, "how often each replica's /health is probed")
+	fs.DurationVar(&c.ing.MetricsInterval, "metrics-interval", 5*time.Second, "how often each replica's /metrics is scraped")
+	fs.DurationVar(&c.ing.SweepInterval, "sweep-interval", 5*time.Second, "how often expired load leases are released")
+	fs.DurationVar(&c.ing.PurgeGrace, "purge-grace", 2*time.Minute, "how long a replica stays unhealthy before its index entries are purged")
+	fs.DurationVar(&c.ing.StallTimeout, "stall-timeout", 30*time.Second, "silence after which an event stream is flagged and redialled")
+	fs.StringVar(&c.log.level, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&c.log.format, "log-format", "text", "log `format`: text or json")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: kvroute ingest [flags]\n\nFollows every registered replica's KV-cache events into Redis. Run several: they share the replicas by leases.\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(stderr, "  --%s %s\n    \t%s (env %s, default %q)\n", f.Name, name, usage, envName(f.Name), f.DefValue)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := applyEnv(fs, getenv); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if c.redisURL == "" {
+		return c, errors.New("--redis-url (KVROUTE_REDIS_URL) is required: an ingestor writes the shared index; for a one-process trial run `kvroute serve` without it")
+	}
+	return c, nil
+}
+
+// runIngest is `kvroute ingest`: the long-running process that writes the
+// index. It only wires: store, ingestor, a metrics endpoint.
+func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
+	c, err := parseIngest(args, os.Getenv, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	log, err := newLogger(stderr, c.log)
+	if err != nil {
+		return usageError{err}
+	}
+	st, err := store.Open(ctx, c.redisURL, store.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	c.ing.Store, c.ing.Registerer, c.ing.Logger = st, reg, log
+	in, err := ingestor.New(c.ing)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{"status":"ok"}`) })
+	ln, err := net.Listen("tcp", c.metricsListen)
+	if err != nil {
+		return fmt.Errorf("metrics listen: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+
+	log.Info("ingesting", "owner", c.ing.Owner, "metrics", ln.Addr().String(), "bind", c.ing.Bind)
+	return in.Run(ctx)
 }

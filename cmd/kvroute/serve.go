@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -28,31 +29,31 @@ func envName(flagName string) string {
 
 // runServe is `kvroute serve`: the HTTP scoring pod. Without a Redis URL it
 // runs everything in one process over an embedded Redis.
-func runServe(ctx context.Context, args []string, _, stderr io.Writer) error {
-	cfg, logCfg, err := parseServe(args, os.Getenv, stderr)
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, lc, err := parseServe(args, os.Getenv, stderr)
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, logCfg)
+	log, err := newLogger(stderr, lc)
 	if err != nil {
 		return usageError{err}
 	}
 	cfg.Logger = log
 	if cfg.RedisURL == "" {
-		// Embedded mode: the ingestor runs in this process over the same
-		// in-memory store. HOOK (lead): append it to cfg.Tasks here, e.g.
-		//   cfg.Tasks = append(cfg.Tasks, func(ctx context.Context, st *store.Store) error {
-		//       in, err := ingestor.New(ingestor.Config{Store: st, Owner: ..., Seed: cfg.Router.Seed, Logger: log})
-		//       if err != nil { return err }
-		//       return in.Run(ctx)
-		//   })
-		log.Warn("embedded mode: no ingestor is wired in yet, so replicas are routed on approximate entries only")
+		// Embedded mode: the ingestor follows the replicas' events in
+		// this process, over the same in-memory store.
+		cfg.Tasks = append(cfg.Tasks, app.Ingest(ingestor.Config{Owner: "embedded", Seed: cfg.Router.Seed}))
+	}
+	if lc.demoReplicas > 0 {
+		cfg.Tasks = append(cfg.Tasks, app.DemoReplicas(lc.demoReplicas, stdout))
 	}
 	return app.Run(ctx, cfg)
 }
 
+// logConfig carries the serve flags that are not part of app.Config.
 type logConfig struct {
 	level, format string
+	demoReplicas  int
 }
 
 // parseServe turns the command line and environment into the app's
@@ -82,6 +83,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", api.DefaultMaxTokens, "most token ids in one request")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", api.DefaultTimeout, "deadline of a decision or admin request (proxied streams have none)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may drain on SIGTERM")
+	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	fs.Usage = func() {

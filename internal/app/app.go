@@ -55,8 +55,10 @@ type Config struct {
 	Tasks []Task
 }
 
-// Task is a companion of the server; it must return when ctx is done.
-type Task func(ctx context.Context, st *store.Store) error
+// Task is a companion of the server (the embedded ingestor, demo
+// replicas); it gets the built App to share its store and metrics
+// registry, and must return when ctx is done.
+type Task func(ctx context.Context, a *App) error
 
 // App is a built serve process. New builds it, Start serves, Stop drains.
 type App struct {
@@ -149,6 +151,9 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	return a, nil
 }
 
+// Logger is the app's logger, for tasks.
+func (a *App) Logger() *slog.Logger { return a.log }
+
 // Start listens and serves in the background, and starts the tasks.
 func (a *App) Start() error {
 	ln, err := net.Listen("tcp", a.cfg.Listen)
@@ -163,7 +168,7 @@ func (a *App) Start() error {
 	}
 	for _, t := range a.cfg.Tasks {
 		a.wg.Go(func() {
-			if err := t(ctx, a.Store); err != nil && ctx.Err() == nil {
+			if err := t(ctx, a); err != nil && ctx.Err() == nil {
 				a.log.Error("background task failed", "err", err)
 			}
 		})

@@ -17,7 +17,6 @@ import (
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/sim/replica"
-	"github.com/kvroute/kvroute/store"
 )
 
 func startApp(tb testing.TB, cfg app.Config) string {
@@ -250,8 +249,8 @@ func TestRun(t *testing.T) {
 	t.Run("task runs from start to stop", func(t *testing.T) {
 		started, stopped := make(chan struct{}), make(chan struct{})
 		a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", Router: router.DefaultConfig(), Tasks: []app.Task{
-			func(ctx context.Context, st *store.Store) error {
-				if st == nil {
+			func(ctx context.Context, a *app.App) error {
+				if a.Store == nil {
 					t.Error("task got no store")
 				}
 				close(started)

@@ -1,0 +1,148 @@
+package tests_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/refindex"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/store"
+	"github.com/redis/go-redis/v9"
+)
+
+// fleetCorpus loads a realistic fleet into the store and the reference
+// index: every replica holds a 4-block system prompt, a quarter of them hold
+// the request's own prefix to different depths (the ones that matter, as in
+// an agent fleet), and every replica holds unrelated conversations too.
+func fleetCorpus(tb testing.TB, ctx context.Context, st *store.Store, nRep, nBlocks int) ([]uint32, *refindex.Index, []kvroute.Replica) {
+	tb.Helper()
+	const bs = kvroute.DefaultBlockSize
+	r := rand.New(rand.NewPCG(uint64(nRep), uint64(nBlocks)))
+	toks := func(n int) []uint32 {
+		t := make([]uint32, n)
+		for i := range t {
+			t[i] = uint32(r.IntN(50_000))
+		}
+		return t
+	}
+	ks := kvroute.KeySpace{Model: "bench"}
+	sys := toks(4 * bs)
+	prompt := append(append([]uint32(nil), sys...), toks((nBlocks-4)*bs)...)
+	reqKeys := kvroute.BlockKeys(ks, bs, prompt, nil)
+	ref := refindex.New(nRep)
+	var reps []kvroute.Replica
+	for i := range nRep {
+		id := fmt.Sprintf("r%03d", i)
+		reps = append(reps, kvroute.Replica{ID: id, Model: "bench", URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"})
+		if err := st.PutReplica(ctx, reps[i]); err != nil {
+			tb.Fatal(err)
+		}
+		held := reqKeys[:4]
+		if i%4 == 0 {
+			held = reqKeys[:nBlocks/2+r.IntN(nBlocks/2+1)]
+		}
+		other := kvroute.BlockKeys(ks, bs, append(append([]uint32(nil), sys...), toks(64*bs)...), nil)
+		seq := int64(0)
+		for _, chain := range [][]kvroute.BlockKey{held, other} {
+			for start := 0; start < len(chain); start += 256 {
+				end := min(start+256, len(chain))
+				ops := make([]kvroute.IndexOp, 0, end-start)
+				for j := start; j < end; j++ {
+					parent := kvroute.NoParent
+					if j > 0 {
+						parent = chain[j-1]
+					}
+					ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(chain[j]) ^ uint64(i), Key: chain[j], Parent: parent})
+				}
+				if _, err := st.Apply(ctx, "bench", id, seq, ops); err != nil {
+					tb.Fatal(err)
+				}
+				seq++
+			}
+			ref.Store(i, chain)
+		}
+	}
+	return prompt, ref, reps
+}
+
+type latencies []time.Duration
+
+func (l latencies) p50() time.Duration {
+	s := slices.Clone(l)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkDecision measures a full routing decision (keys, one Lookup,
+// scoring, one Reserve) against a real redis-server, and in the same run
+// the two things the target is stated in: one loopback Redis round trip
+// (PING) and the in-memory reference index doing the same lookup.
+// Target: decision p50 <= 3 × (PING p50 + in-memory p50) at 64 × 2048.
+func BenchmarkDecision(b *testing.B) {
+	ctx := context.Background()
+	url := redistest.Server(b)
+	for _, nRep := range []int{4, 64, 256} {
+		for _, nBlocks := range []int{64, 2048} {
+			b.Run(fmt.Sprintf("replicas=%d/blocks=%d", nRep, nBlocks), func(b *testing.B) {
+				st, err := store.Open(ctx, url, store.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer st.Close()
+				opt, _ := redis.ParseURL(url)
+				rc := redis.NewClient(opt)
+				if err := rc.FlushAll(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				rc.Close()
+				prompt, ref, _ := fleetCorpus(b, ctx, st, nRep, nBlocks)
+				cfg := router.DefaultConfig()
+				cfg.RegistryTTL = time.Hour
+				rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(1, 2))})
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "bench"}, kvroute.DefaultBlockSize, prompt, nil)
+				matched := make([]int, nRep)
+				const probes = 300
+				var ping, mem latencies
+				for range probes {
+					t0 := time.Now()
+					if err := st.Ping(ctx); err != nil {
+						b.Fatal(err)
+					}
+					ping = append(ping, time.Since(t0))
+					t0 = time.Now()
+					ref.Matched(keys, matched)
+					mem = append(mem, time.Since(t0))
+				}
+				var dec latencies
+				b.ResetTimer()
+				for b.Loop() {
+					t0 := time.Now()
+					d, err := rt.Route(ctx, router.Request{Model: "bench", Tokens: prompt})
+					if err != nil {
+						b.Fatal(err)
+					}
+					dec = append(dec, time.Since(t0))
+					b.StopTimer()
+					if _, err := rt.Release(ctx, d.RequestID); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				budget := ping.p50() + mem.p50()
+				b.ReportMetric(float64(dec.p50().Microseconds()), "decision-p50-µs")
+				b.ReportMetric(float64(ping.p50().Microseconds()), "ping-p50-µs")
+				b.ReportMetric(float64(mem.p50().Microseconds()), "inmem-p50-µs")
+				b.ReportMetric(float64(dec.p50())/float64(budget), "x-(ping+inmem)")
+			})
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package tests_test
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/sim/replica"
+)
+
+// TestEventsRouteToHolder: a replica's own cache events reach the index,
+// and a request sharing its prefix is routed there, with the matched
+// blocks the replica itself then reports as cached.
+func TestEventsRouteToHolder(t *testing.T) {
+	h := newHarness(t)
+	h.addReplica("r0", replica.Config{EventEncoding: "array"})
+	h.addReplica("r1", replica.Config{EventEncoding: "map"})
+	h.addReplica("r2", replica.Config{EventEncoding: "array", ReplayWithoutTopic: true})
+	ing, _ := h.startIngestor("ing-a", h.openStore())
+	h.waitOwned(ing)
+
+	r := rand.New(rand.NewPCG(1, 1))
+	p := prompt(r, nil, 10*bs+5)
+	if _, err := h.reps["r1"].Admit(p, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.synced("r1")
+
+	t.Run("decision", func(t *testing.T) {
+		d := h.route(prompt(r, p, 3*bs))
+		if d.Replica.ID != "r1" || d.Matched != 10 || d.Approx {
+			t.Errorf("routed to %s with %d matched (approx %v), want r1 with 10 from events", d.Replica.ID, d.Matched, d.Approx)
+		}
+	})
+	t.Run("proxy reports the same cached blocks", func(t *testing.T) {
+		ext := prompt(r, p, 2*bs)
+		want := h.route(ext)
+		body, _ := json.Marshal(map[string]any{"model": model, "prompt": ext, "max_tokens": 2})
+		req, _ := http.NewRequestWithContext(h.ctx, "POST", h.base+"/v1/completions", bytesReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatalf("decode completion (status %d): %v", resp.StatusCode, err)
+		}
+		if got := resp.Header.Get("x-kvroute-replica"); got != "r1" {
+			t.Errorf("proxied to %q, want r1", got)
+		}
+		if got := out.Usage.Details.Cached / bs; got != want.Matched {
+			t.Errorf("replica served %d cached blocks, router promised %d", got, want.Matched)
+		}
+	})
+}
+
+// TestRecovery: lost batches, restarts and unrecoverable gaps each end with
+// an index that agrees with what the replica really holds.
+func TestRecovery(t *testing.T) {
+	t.Run("dropped batches are replayed", func(t *testing.T) {
+		h := newHarness(t)
+		rep := h.addReplica("r0", replica.Config{})
+		ing, _ := h.startIngestor("ing", h.openStore())
+		h.waitOwned(ing)
+		r := rand.New(rand.NewPCG(2, 2))
+		var prompts [][]int
+		admit := func() {
+			p := prompt(r, nil, 4*bs)
+			prompts = append(prompts, p)
+			if _, err := rep.Admit(p, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		admit()
+		h.synced("r0")
+		rep.DropNext(3)
+		for range 4 {
+			admit()
+		}
+		h.synced("r0")
+		h.waitTruth(prompts, false)
+	})
+	t.Run("restart clears and rebuilds", func(t *testing.T) {
+		h := newHarness(t)
+		rep := h.addReplica("r0", replica.Config{})
+		ing, _ := h.startIngestor("ing", h.openStore())
+		h.waitOwned(ing)
+		r := rand.New(rand.NewPCG(3, 3))
+		old := [][]int{prompt(r, nil, 5*bs), prompt(r, nil, 6*bs)}
+		for _, p := range old {
+			if _, err := rep.Admit(p, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.synced("r0")
+		rep.Restart()
+		fresh := prompt(r, nil, 3*bs)
+		if _, err := rep.Admit(fresh, ""); err != nil {
+			t.Fatal(err)
+		}
+		h.waitTruth(append(old, fresh), false)
+		if d := h.route(old[0]); d.Matched != 0 {
+			t.Errorf("after restart the index still promises %d blocks of a forgotten prompt", d.Matched)
+		}
+	})
+	t.Run("gap replay cannot cover", func(t *testing.T) {
+		h := newHarness(t)
+		rep := h.addReplica("r0", replica.Config{ReplayBuffer: 2})
+		ing, _ := h.startIngestor("ing", h.openStore())
+		h.waitOwned(ing)
+		r := rand.New(rand.NewPCG(4, 4))
+		var prompts [][]int
+		admit := func() {
+			p := prompt(r, nil, 3*bs)
+			prompts = append(prompts, p)
+			if _, err := rep.Admit(p, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		admit()
+		h.synced("r0")
+		rep.DropNext(4)
+		for range 5 {
+			admit()
+		}
+		// The replica still caches the prompts of the batches nobody can
+		// replay; after the rebuild the index must never claim more than
+		// the replica holds, and must know everything still replayable.
+		h.synced("r0")
+		h.waitTruth(prompts, true)
+		// The buffer holds the last two batches: the live one and one before.
+		h.waitTruth(prompts[len(prompts)-2:], false)
+		if got := h.mismatches(prompts[:1], false); len(got) == 0 {
+			t.Errorf("the batch before the unrecoverable gap is still indexed; want it cleared by the rebuild")
+		}
+	})
+}
+
+// TestStaleIndexEndToEnd is the seed's section 4 over real sockets: a
+// capacity-bound replica evicting under LRU, whose removal events keep the
+// router's belief equal to what the replica serves.
+func TestStaleIndexEndToEnd(t *testing.T) {
+	h := newHarness(t)
+	rep := h.addReplica("r0", replica.Config{CapacityBlocks: 60})
+	ing, _ := h.startIngestor("ing", h.openStore())
+	h.waitOwned(ing)
+	r := rand.New(rand.NewPCG(3, 0))
+	sys := prompt(r, nil, 4*bs)
+	var reqs [][]int
+	for range 40 {
+		reqs = append(reqs, prompt(r, sys, 4*bs))
+	}
+	believed, served, total := 0, 0, 0
+	for _, p := range append(reqs, reqs...) {
+		d := h.route(p)
+		cached, err := rep.Admit(p, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		believed += d.Matched
+		served += cached / bs
+		total += d.Prompt
+		h.synced("r0")
+	}
+	t.Logf("believed %d/%d blocks cached, replica served %d/%d", believed, total, served, total)
+	if served >= total/2 {
+		t.Fatalf("replica served %d of %d blocks: the cache is not under eviction pressure, the test proves nothing", served, total)
+	}
+	if believed != served {
+		t.Errorf("phantom blocks = %d (believed %d, served %d), want 0", believed-served, believed, served)
+	}
+}
+
+// TestIngestorTakeover: one of two ingestors dies; the other takes its
+// replicas over within the lease TTL, and no batch is applied twice.
+func TestIngestorTakeover(t *testing.T) {
+	h := newHarness(t)
+	h.addReplica("r0", replica.Config{})
+	h.addReplica("r1", replica.Config{EventEncoding: "map"})
+	log := &appliedLog{n: map[string]int{}}
+	a := &killable{Store: h.openStore(), applied: log}
+	ingA, stopA := h.startIngestor("ing-a", a)
+	h.waitOwned(ingA)
+	b := &killable{Store: h.openStore(), applied: log}
+	ingB, _ := h.startIngestor("ing-b", b)
+
+	r := rand.New(rand.NewPCG(5, 5))
+	var prompts [][]int
+	admit := func(id string) {
+		p := prompt(r, nil, 3*bs)
+		prompts = append(prompts, p)
+		if _, err := h.reps[id].Admit(p, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		admit("r0")
+		admit("r1")
+	}
+	h.synced("r0")
+	h.synced("r1")
+	if got := len(ingB.Owned()); got != 0 {
+		t.Fatalf("second ingestor owns %d replicas while the first is alive, want 0", got)
+	}
+
+	a.dead.Store(true) // the process dies: no renewals, no goodbye
+	stopA()
+	killed := time.Now()
+	for range 3 {
+		admit("r0")
+		admit("r1")
+	}
+	h.waitFor("the second ingestor owns both replicas", func() bool { return len(ingB.Owned()) == 2 })
+	t.Logf("takeover after %v (lease TTL 1.5s)", time.Since(killed).Round(10*time.Millisecond))
+	h.synced("r0")
+	h.synced("r1")
+	h.waitTruth(prompts, false)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for k, n := range log.n {
+		if n != 1 {
+			t.Errorf("batch %s applied %d times, want once", k, n)
+		}
+	}
+	if got, want := len(log.n), 12; got != want {
+		t.Errorf("applied %d batches, want %d", got, want)
+	}
+}

@@ -1,0 +1,305 @@
+// Package tests_test runs kvroute end to end over real processes and
+// sockets: a real redis-server, simulated vLLM replicas publishing real
+// ZeroMQ events, the ingestor, and the serve wiring (internal/app) over
+// real HTTP. Everything listens on loopback and stops with the test.
+package tests_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/store"
+)
+
+const (
+	model = "m"
+	bs    = 16
+	seed  = 7
+)
+
+// harness is one kvroute deployment under test.
+type harness struct {
+	t    *testing.T
+	ctx  context.Context
+	url  string
+	app  *app.App
+	base string
+	st   *store.Store
+	reps map[string]*replica.Replica
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	h := &harness{t: t, ctx: ctx, url: redistest.Server(t), reps: map[string]*replica.Replica{}}
+	cfg := router.DefaultConfig()
+	cfg.Seed = seed
+	cfg.RegistryTTL = 50 * time.Millisecond
+	a, err := app.New(ctx, app.Config{Listen: "127.0.0.1:0", RedisURL: h.url, Router: cfg})
+	if err != nil {
+		t.Fatalf("app: %v", err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatalf("app start: %v", err)
+	}
+	t.Cleanup(func() { _ = a.Stop() })
+	h.app, h.base = a, "http://"+a.Addr()
+	h.st = h.openStore()
+	return h
+}
+
+func (h *harness) openStore() *store.Store {
+	h.t.Helper()
+	st, err := store.Open(h.ctx, h.url, store.Options{})
+	if err != nil {
+		h.t.Fatalf("store: %v", err)
+	}
+	h.t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// addReplica starts a simulated replica and registers it through the API.
+func (h *harness) addReplica(id string, cfg replica.Config) *replica.Replica {
+	h.t.Helper()
+	cfg.Model = model
+	cfg.BlockSize = bs
+	r, err := replica.New(cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if err := r.Start(h.ctx); err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = r.Stop() })
+	body := fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, model, r.URL(), r.EventsEndpoint(), r.ReplayEndpoint())
+	if code, resp := h.call("PUT", "/v1/replicas/"+id, body); code != http.StatusOK && code != http.StatusCreated {
+		h.t.Fatalf("register %s: %d %s", id, code, resp)
+	}
+	h.reps[id] = r
+	return r
+}
+
+// startIngestor runs an ingestor over st until the test ends or stop is
+// called.
+func (h *harness) startIngestor(owner string, st ingestor.Store) (ing *ingestor.Ingestor, stop func()) {
+	h.t.Helper()
+	ing, err := ingestor.New(ingestor.Config{
+		Store: st, Owner: owner, Seed: seed,
+		LeaseTTL: 1500 * time.Millisecond, RegistryInterval: 100 * time.Millisecond,
+		HealthInterval: 200 * time.Millisecond, MetricsInterval: 200 * time.Millisecond,
+		SweepInterval: 500 * time.Millisecond, PurgeGrace: 5 * time.Second,
+		StallTimeout: 5 * time.Second, ReplayTimeout: time.Second,
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Rand: rand.New(rand.NewPCG(1, 2)),
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ing.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	h.t.Cleanup(stop)
+	return ing, stop
+}
+
+// waitOwned waits until ing follows every replica and each one's publisher
+// sees a subscriber, so no event is lost to ZeroMQ's slow-joiner window.
+func (h *harness) waitOwned(ing *ingestor.Ingestor) {
+	h.t.Helper()
+	h.waitFor("ingestor owns every replica", func() bool { return len(ing.Owned()) == len(h.reps) })
+	for id, r := range h.reps {
+		ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+		if err := r.WaitSubscribed(ctx); err != nil {
+			h.t.Fatalf("%s: no subscriber: %v", id, err)
+		}
+		cancel()
+	}
+}
+
+func (h *harness) waitFor(what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// synced waits until the store has applied every batch the replica has
+// published so far.
+func (h *harness) synced(id string) {
+	h.t.Helper()
+	r := h.reps[id]
+	h.waitFor(id+" applied up to its last batch", func() bool {
+		seq, ok, err := h.st.AppliedSeq(h.ctx, model, id)
+		return err == nil && ok && seq == r.Seq()-1
+	})
+}
+
+func (h *harness) call(method, path, body string) (int, string) {
+	h.t.Helper()
+	req, err := http.NewRequestWithContext(h.ctx, method, h.base+path, bytes.NewBufferString(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type decision struct {
+	RequestID string `json:"request_id"`
+	Replica   struct {
+		ID string `json:"id"`
+	} `json:"replica"`
+	Matched int  `json:"matched_blocks"`
+	Prompt  int  `json:"prompt_blocks"`
+	Approx  bool `json:"approximate"`
+}
+
+func (h *harness) route(tokens []int) decision {
+	h.t.Helper()
+	b, _ := json.Marshal(map[string]any{"model": model, "token_ids": tokens})
+	code, body := h.call("POST", "/v1/route", string(b))
+	if code != http.StatusOK {
+		h.t.Fatalf("route: %d %s", code, body)
+	}
+	var d decision
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		h.t.Fatalf("route: %v in %s", err, body)
+	}
+	if code, body := h.call("POST", "/v1/requests/"+d.RequestID+"/release", ""); code != http.StatusOK {
+		h.t.Fatalf("release: %d %s", code, body)
+	}
+	return d
+}
+
+func keysOf(tokens []int) []kvroute.BlockKey {
+	u := make([]uint32, len(tokens))
+	for i, t := range tokens {
+		u[i] = uint32(t)
+	}
+	return kvroute.BlockKeys(kvroute.KeySpace{Model: model, Seed: seed}, bs, u, nil)
+}
+
+// mismatches compares, for every prompt, what the index says each replica
+// holds with what the replica itself would serve from cache. When subset
+// is set, the index may know less than the replica (never more).
+func (h *harness) mismatches(prompts [][]int, subset bool) []string {
+	var ids []string
+	for id := range h.reps {
+		ids = append(ids, id)
+	}
+	var bad []string
+	for i, p := range prompts {
+		ov, _, err := h.st.Lookup(h.ctx, model, keysOf(p), ids)
+		if err != nil {
+			return []string{err.Error()}
+		}
+		for j, id := range ids {
+			truth := h.reps[id].Contains(p, "")
+			got := ov[j].GPU
+			if got != truth && !(subset && got < truth) {
+				bad = append(bad, fmt.Sprintf("prompt %d on %s: index %d blocks, replica holds %d", i, id, got, truth))
+			}
+		}
+	}
+	return bad
+}
+
+// waitTruth waits until the index agrees with the replicas on prompts.
+func (h *harness) waitTruth(prompts [][]int, subset bool) {
+	h.t.Helper()
+	var last []string
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if last = h.mismatches(prompts, subset); len(last) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("index disagrees with the replicas:\n%v", last)
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+}
+
+func prompt(r *rand.Rand, prefix []int, n int) []int {
+	out := append([]int(nil), prefix...)
+	for range n {
+		out = append(out, 3+r.IntN(50_000))
+	}
+	return out
+}
+
+// killable is an ingestor's store that can be made to fail every call, as
+// if the ingestor's process died, and that records every applied batch.
+type killable struct {
+	*store.Store
+	dead    atomic.Bool
+	applied *appliedLog
+}
+
+type appliedLog struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (l *appliedLog) add(replica string, seq int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n[fmt.Sprintf("%s/%d", replica, seq)]++
+}
+
+func (k *killable) err() error { return fmt.Errorf("killed: %w", kvroute.ErrUnavailable) }
+
+func (k *killable) Apply(ctx context.Context, m, r string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+	if k.dead.Load() {
+		return store.ApplyResult{}, k.err()
+	}
+	res, err := k.Store.Apply(ctx, m, r, seq, ops)
+	if err == nil && res.Applied {
+		k.applied.add(r, seq)
+	}
+	return res, err
+}
+
+func (k *killable) Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error) {
+	if k.dead.Load() {
+		return false, k.err()
+	}
+	return k.Store.Acquire(ctx, name, owner, ttl)
+}
+
+func (k *killable) ReleaseOwnership(ctx context.Context, name, owner string) error {
+	if k.dead.Load() {
+		return k.err()
+	}
+	return k.Store.ReleaseOwnership(ctx, name, owner)
+}
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
