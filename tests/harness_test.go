@@ -34,7 +34,7 @@ const (
 
 // harness is one kvroute deployment under test.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	ctx  context.Context
 	url  string
 	app  *app.App
@@ -43,7 +43,7 @@ type harness struct {
 	reps map[string]*replica.Replica
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
