@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The benchmarks quoted in BENCHMARKS.md, in one run so that ratios compare
+# figures measured side by side. Every Redis figure is against a real
+# redis-server started by the benchmark on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
+bash scripts/ensure-deps.sh
+
+echo "== block keying (root package)"
+go test -run '^$' -bench 'BlockKeys' -benchtime 2000x .
+echo "== decision latency vs PING and the in-memory reference (tests/)"
+go test -run '^$' -bench 'Decision' -benchtime 300x ./tests/
+echo "== store: lookup, apply, memory per entry"
+go test -run '^$' -bench 'Lookup|Ping|Apply|Memory' -benchtime 1s ./store/
+echo "== event ingestion vs redis-benchmark HSET (tests/)"
+go test -run '^$' -bench 'Ingest' -benchtime 1x ./tests/
+echo "== simulator speed on the full Mooncake trace (sim/)"
+go test -run '^$' -bench 'Trace' -benchtime 3x ./sim/
