@@ -2,11 +2,14 @@ package tests_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/sim/replica"
 )
 
@@ -235,4 +238,46 @@ func TestIngestorTakeover(t *testing.T) {
 	if got, want := len(log.n), 12; got != want {
 		t.Errorf("applied %d batches, want %d", got, want)
 	}
+}
+
+// TestBindMode: kvroute binds one SUB endpoint and the replicas connect to
+// it (vLLM's PUB connects when its endpoint has no "*"); the topic tells
+// the replicas apart, and replay still works over each replica's ROUTER.
+func TestBindMode(t *testing.T) {
+	h := newHarness(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := "tcp://" + ln.Addr().String()
+	ln.Close()
+	ing, _ := h.startIngestor("ing", h.openStore(), func(c *ingestor.Config) { c.Bind = bind })
+	h.addReplica("r0", replica.Config{ConnectEvents: bind, Topic: "r0"})
+	h.addReplica("r1", replica.Config{ConnectEvents: bind, Topic: "r1", EventEncoding: "map"})
+	// The registry names each replica's topic; the ingestor routes the
+	// one stream's messages by it.
+	for _, id := range []string{"r0", "r1"} {
+		r := h.reps[id]
+		body := fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q,"topic":%q}`, model, r.URL(), bind, r.ReplayEndpoint(), id)
+		if code, resp := h.call("PUT", "/v1/replicas/"+id, body); code != http.StatusOK {
+			t.Fatalf("re-register %s: %d %s", id, code, resp)
+		}
+	}
+	h.waitOwned(ing)
+	r := rand.New(rand.NewPCG(6, 6))
+	var prompts [][]int
+	for i := range 6 {
+		p := prompt(r, nil, 3*bs)
+		prompts = append(prompts, p)
+		id := []string{"r0", "r1"}[i%2]
+		if i == 2 {
+			h.reps[id].DropNext(1) // a gap on one replica of the shared stream
+		}
+		if _, err := h.reps[id].Admit(p, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.synced("r0")
+	h.synced("r1")
+	h.waitTruth(prompts, false)
 }

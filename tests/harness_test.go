@@ -97,9 +97,9 @@ func (h *harness) addReplica(id string, cfg replica.Config) *replica.Replica {
 
 // startIngestor runs an ingestor over st until the test ends or stop is
 // called.
-func (h *harness) startIngestor(owner string, st ingestor.Store) (ing *ingestor.Ingestor, stop func()) {
+func (h *harness) startIngestor(owner string, st ingestor.Store, opts ...func(*ingestor.Config)) (ing *ingestor.Ingestor, stop func()) {
 	h.t.Helper()
-	ing, err := ingestor.New(ingestor.Config{
+	cfg := ingestor.Config{
 		Store: st, Owner: owner, Seed: seed,
 		LeaseTTL: 1500 * time.Millisecond, RegistryInterval: 100 * time.Millisecond,
 		HealthInterval: 200 * time.Millisecond, MetricsInterval: 200 * time.Millisecond,
@@ -107,7 +107,11 @@ func (h *harness) startIngestor(owner string, st ingestor.Store) (ing *ingestor.
 		StallTimeout: 5 * time.Second, ReplayTimeout: time.Second,
 		MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
 		Rand: rand.New(rand.NewPCG(1, 2)),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ing, err := ingestor.New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}

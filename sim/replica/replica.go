@@ -72,6 +72,11 @@ type Config struct {
 	HTTPAddr       string
 	EventsEndpoint string
 	ReplayEndpoint string
+	// ConnectEvents, when set, makes the PUB socket dial this endpoint
+	// instead of binding EventsEndpoint, as vLLM does for an endpoint
+	// without "*": the router binds one SUB and every replica connects,
+	// telling itself apart by Topic.
+	ConnectEvents string
 	// Logger receives operational logs (default: discard).
 	Logger *slog.Logger
 	// Now stamps batches and responses (default time.Now). Sleeps and
@@ -220,10 +225,17 @@ func (r *Replica) Start(ctx context.Context) (err error) {
 	zlog := slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)
 
 	r.pub = zmq4.NewPub(zctx, zmq4.WithLogger(zlog))
-	if err := r.pub.Listen(r.cfg.EventsEndpoint); err != nil {
-		return fmt.Errorf("replica: events listen: %w", err)
+	if r.cfg.ConnectEvents != "" {
+		if err := r.pub.Dial(r.cfg.ConnectEvents); err != nil {
+			return fmt.Errorf("replica: events dial: %w", err)
+		}
+		r.eventsEP = r.cfg.ConnectEvents
+	} else {
+		if err := r.pub.Listen(r.cfg.EventsEndpoint); err != nil {
+			return fmt.Errorf("replica: events listen: %w", err)
+		}
+		r.eventsEP = dialable(r.cfg.EventsEndpoint, r.pub.Addr())
 	}
-	r.eventsEP = dialable(r.cfg.EventsEndpoint, r.pub.Addr())
 
 	r.router = zmq4.NewRouter(zctx, zmq4.WithLogger(zlog))
 	if err := r.router.Listen(r.cfg.ReplayEndpoint); err != nil {
