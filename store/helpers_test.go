@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -211,27 +212,59 @@ func replicaNames(n int) []string {
 	return out
 }
 
-// checkRefs compares every (replica, block) refcount in Redis with m.
+// checkRefs compares every (replica, block) refcount in Redis with m: the
+// counts in each replica's engine-hash map, and the replica's HG/HA bits in
+// the block's entry.
 func checkRefs(t *testing.T, e *env, modelName string, m *model, keys []kvroute.BlockKey) {
 	t.Helper()
 	ctx := context.Background()
-	for _, k := range keys {
-		got, err := e.rc.HGetAll(ctx, "kvr:{m:"+modelName+"}:b:"+k.String()).Result()
+	p := "kvr:{m:" + modelName + "}:"
+	for r, refs := range m.refs {
+		e2r, err := e.rc.HGetAll(ctx, p+"r:"+r+":e2r").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		for r, refs := range m.refs {
+		held := map[kvroute.BlockKey]string{}
+		for _, v := range e2r {
+			held[kvroute.BlockKey(binary.BigEndian.Uint64([]byte(v[:8])))] = v[8:]
+		}
+		slot := -1
+		if s, err := e.rc.HGet(ctx, p+"load", r+"#i").Result(); err == nil {
+			slot, _ = strconv.Atoi(s)
+		}
+		for _, k := range keys {
 			want := ""
 			if c := refs[k]; c != nil {
 				want = strconv.Itoa(c[0]) + "," + strconv.Itoa(c[1])
 			}
-			g := got[r]
-			if len(g) > 2 {
-				g = g[:len(g)-2] // drop the rooted flag
-			}
-			if g != want {
+			if g := held[k]; g != want {
 				t.Errorf("block %v replica %s: refs %q, want %q", k, r, g, want)
+			}
+			var kb [8]byte
+			binary.BigEndian.PutUint64(kb[:], uint64(k))
+			v, err := e.rc.HGet(ctx, p+"blk", string(kb[:])).Result()
+			if err == redis.Nil {
+				v = ""
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			hg, ha := entryBit(v, 2, slot), entryBit(v, 3, slot)
+			if c := refs[k]; hg != (c != nil && c[0] > 0) || ha != (c != nil) {
+				t.Errorf("block %v replica %s: bits hg=%v ha=%v, refs %v", k, r, hg, ha, c)
 			}
 		}
 	}
+}
+
+// entryBit reads bitmap i (0 RG, 1 RA, 2 HG, 3 HA) of a block entry at slot.
+func entryBit(v string, i, slot int) bool {
+	if len(v) < 17 || slot < 0 {
+		return false
+	}
+	v = v[17:]
+	for ; i > 0; i-- {
+		v = v[1+int(v[0]):]
+	}
+	bm := v[1 : 1+int(v[0])]
+	return slot/8 < len(bm) && bm[slot/8]&(1<<(slot%8)) != 0
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 	"time"
@@ -9,6 +10,19 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/redis/go-redis/v9"
 )
+
+// opSize is the bytes of one op in apply.lua's op string.
+const opSize = 26
+
+// keyBytes packs keys as apply.lua and lookup.lua read them: 8 big-endian
+// bytes each, one string.
+func keyBytes(keys []kvroute.BlockKey) []byte {
+	b := make([]byte, 8*len(keys))
+	for i, k := range keys {
+		binary.BigEndian.PutUint64(b[8*i:], uint64(k))
+	}
+	return b
+}
 
 // ApplyResult says what one Apply did. Applied is false when the batch's
 // seq was not newer than the replica's applied seq and nothing changed.
@@ -26,24 +40,31 @@ type ApplyResult struct {
 // than the last applied one is a no-op, so a replay may overlap what was
 // already applied.
 func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (ApplyResult, error) {
-	args := make([]any, 0, 4+5*len(ops))
-	args = append(args, prefix(model), replica, strconv.FormatInt(seq, 10), strconv.FormatInt(ms(s.now()), 10))
+	blob := make([]byte, 0, opSize*len(ops))
 	for _, op := range ops {
-		tier := "0"
+		tier := byte(0)
 		if op.Tier != kvroute.TierGPU {
-			tier = "1"
+			tier = 1
 		}
 		switch op.Kind {
 		case kvroute.OpStore:
-			args = append(args, "S", strconv.FormatUint(op.EngineHash, 10), op.Key.String(), op.Parent.String(), tier)
+			blob = append(blob, 'S')
+			blob = binary.BigEndian.AppendUint64(blob, op.EngineHash)
+			blob = binary.BigEndian.AppendUint64(blob, uint64(op.Key))
+			blob = binary.BigEndian.AppendUint64(blob, uint64(op.Parent))
 		case kvroute.OpRemove:
-			args = append(args, "R", strconv.FormatUint(op.EngineHash, 10), "0", "0", tier)
+			blob = append(blob, 'R')
+			blob = binary.BigEndian.AppendUint64(blob, op.EngineHash)
+			blob = append(blob, make([]byte, 16)...)
 		case kvroute.OpClear:
-			args = append(args, "C", "0", "0", "0", "0")
+			blob = append(blob, 'C')
+			blob = append(blob, make([]byte, 24)...)
 		default:
 			return ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
 		}
+		blob = append(blob, tier)
 	}
+	args := []any{prefix(model), replica, strconv.FormatInt(seq, 10), strconv.FormatInt(ms(s.now()), 10), blob}
 	v, err := scriptApply.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
 	if err != nil {
 		return ApplyResult{}, wrap("apply", err)
@@ -88,7 +109,9 @@ func (s *Store) EngineKeys(ctx context.Context, model, replica string, engineHas
 	}
 	fields := make([]string, len(engineHashes))
 	for i, h := range engineHashes {
-		fields[i] = strconv.FormatUint(h, 10)
+		var f [8]byte
+		binary.BigEndian.PutUint64(f[:], h)
+		fields[i] = string(f[:])
 	}
 	vals, err := s.c.HMGet(ctx, e2rKey(model, replica), fields...).Result()
 	if err != nil {
@@ -99,58 +122,124 @@ func (s *Store) EngineKeys(ctx context.Context, model, replica string, engineHas
 		if !ok {
 			continue
 		}
-		k, err := kvroute.ParseBlockKey(str)
-		if err != nil {
-			return nil, nil, fmt.Errorf("store: engine keys: %w", err)
+		if len(str) < 8 {
+			return nil, nil, fmt.Errorf("store: engine keys: bad entry %q", str)
 		}
-		keys[i], found[i] = k, true
+		keys[i], found[i] = kvroute.BlockKey(binary.BigEndian.Uint64([]byte(str[:8]))), true
 	}
 	return keys, found, nil
 }
 
 // Lookup returns, for each candidate replica in order, how many leading
 // blocks of keys it holds (on GPU, in any tier, approximately) and its load,
-// in one round trip. Redis work grows with log2(len(keys)) per distinct
-// answer, not with len(keys): see lua/lookup.lua.
+// in one round trip. Redis work grows with log2(len(keys)) times the number
+// of distinct answers, not with len(keys) nor with the number of candidates
+// that share an answer: see lua/lookup.lua.
 func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
 	n := len(replicas)
 	if n == 0 {
 		return nil, nil, nil
 	}
-	args := make([]any, 0, 3+n+len(keys))
-	args = append(args, prefix(model), strconv.FormatInt(ms(s.now()), 10), strconv.Itoa(n))
+	// The search runs as a script; the candidates' loads and slots are one
+	// plain HMGET in the same pipeline (one round trip): Redis converts a
+	// long reply into Lua values far slower than it sends it to a client.
+	args := []any{prefix(model), strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
+	fields := make([]string, 0, 3*n)
 	for _, r := range replicas {
-		args = append(args, r)
+		fields = append(fields, r, r+"#s", r+"#i")
 	}
-	for _, k := range keys {
-		args = append(args, k.String())
+	lk := []string{loadKey(model)}
+	var res *redis.Cmd
+	var lres *redis.SliceCmd
+	run := func(sha bool) error {
+		_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if sha {
+				res = scriptLookup.EvalSha(ctx, p, lk, args...)
+			} else {
+				res = scriptLookup.Eval(ctx, p, lk, args...)
+			}
+			lres = p.HMGet(ctx, lk[0], fields...)
+			return nil
+		})
+		return err
 	}
-	v, err := scriptLookup.Run(ctx, s.c, []string{loadKey(model)}, args...).Slice()
+	err := run(true)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		err = run(false)
+	}
 	if err != nil {
 		return nil, nil, wrap("lookup", err)
 	}
-	if len(v) < 3*n {
-		return nil, nil, fmt.Errorf("store: lookup: short reply (%d values for %d replicas)", len(v), n)
+	v, err := res.Slice()
+	if err != nil {
+		return nil, nil, wrap("lookup", err)
+	}
+	lv, err := lres.Result()
+	if err != nil {
+		return nil, nil, wrap("lookup", err)
+	}
+	if len(v) != 2 {
+		return nil, nil, fmt.Errorf("store: lookup: unexpected reply of %d values", len(v))
+	}
+	segs, _ := v[0].([]any)
+	asegs, _ := v[1].([]any)
+	if len(lv) != 3*n {
+		return nil, nil, fmt.Errorf("store: lookup: short reply (%d load fields for %d replicas)", len(lv), n)
 	}
 	ov := make([]kvroute.Overlap, n)
-	for i := range ov {
-		ov[i] = kvroute.Overlap{GPU: asInt(v[i]), Any: asInt(v[n+i]), Approx: asInt(v[2*n+i])}
-	}
 	loads := make([]kvroute.Load, n)
-	for i := range loads {
-		// Lua's nil truncates a reply, so missing loads may be cut off.
-		var booked, scraped any
-		if j := 3*n + 2*i; j < len(v) {
-			booked = v[j]
-		}
-		if j := 3*n + 2*i + 1; j < len(v) {
-			scraped = v[j]
-		}
-		if loads[i], err = parseLoad(booked, scraped); err != nil {
+	for i := range ov {
+		if loads[i], err = parseLoad(lv[3*i], lv[3*i+1]); err != nil {
 			return nil, nil, fmt.Errorf("store: lookup: %s: %w", replicas[i], err)
 		}
+		str, ok := lv[3*i+2].(string)
+		if !ok {
+			continue // never stored nor recorded: holds nothing
+		}
+		slot, err := strconv.Atoi(str)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: lookup: %s: bad slot %q", replicas[i], str)
+		}
+		ov[i] = overlapOf(slot, segs, asegs)
 	}
 	return ov, loads, nil
+}
+
+// overlapOf decodes one slot's answer from lookup.lua's segments: each is
+// the last position of a run and the run's value, in no particular order;
+// sets only shrink along the chain, so the largest position whose set names
+// the slot gives its match length.
+func overlapOf(slot int, segs, asegs []any) kvroute.Overlap {
+	var o kvroute.Overlap
+	idx, mask := slot/8, byte(1)<<(slot%8)
+	in := func(bm string) bool { return idx < len(bm) && bm[idx]&mask != 0 }
+	for j := 0; j+1 < len(segs); j += 2 {
+		pos := asInt(segs[j])
+		v, _ := segs[j+1].(string)
+		if len(v) < 2 || 2+int(v[0]) > len(v) || 2+int(v[0])+int(v[1+int(v[0])]) > len(v) {
+			continue
+		}
+		rg := v[1 : 1+int(v[0])]
+		rest := v[1+int(v[0]):]
+		ra := rest[1 : 1+int(rest[0])]
+		if in(rg) {
+			o.GPU = max(o.GPU, pos+1)
+		}
+		if in(ra) {
+			o.Any = max(o.Any, pos+1)
+		}
+	}
+	hi, lo := byte(slot>>8), byte(slot)
+	for j := 0; j+1 < len(asegs); j += 2 {
+		v, _ := asegs[j+1].(string)
+		for k := 0; k+1 < len(v); k += 2 {
+			if v[k] == hi && v[k+1] == lo {
+				o.Approx = max(o.Approx, asInt(asegs[j])+1)
+				break
+			}
+		}
+	}
+	return o
 }
 
 func asInt(v any) int {
@@ -166,20 +255,41 @@ func (s *Store) RecordApprox(ctx context.Context, model, replica string, keys []
 		return nil
 	}
 	now := s.now()
-	args := make([]any, 0, 5+len(keys))
-	args = append(args, prefix(model), replica, strconv.FormatInt(ms(now), 10),
-		strconv.FormatInt(ms(now.Add(s.approxTTL)), 10), strconv.FormatInt(s.approxTTL.Milliseconds(), 10))
-	for _, k := range keys {
-		args = append(args, k.String())
-	}
-	err := scriptApprox.Run(ctx, s.c, []string{akKey(model, replica)}, args...).Err()
+	args := []any{prefix(model), replica, strconv.FormatInt(ms(now), 10),
+		strconv.FormatInt(ms(now.Add(s.approxTTL)), 10), keyBytes(keys)}
+	err := scriptApprox.Run(ctx, s.c, []string{axKey(model)}, args...).Err()
 	return wrap("record approx", err)
+}
+
+// sweepApproxBatch bounds the keys one sweep_approx script visits.
+const sweepApproxBatch = 1000
+
+// SweepApprox drops the model's expired approximate entries and returns how
+// many (replica, block) entries it dropped. Lookup never counts an expired
+// entry, so this only bounds memory; SweepExpired calls it too.
+func (s *Store) SweepApprox(ctx context.Context, model string) (int, error) {
+	total := 0
+	now := strconv.FormatInt(ms(s.now()), 10)
+	for {
+		v, err := scriptSweepAx.Run(ctx, s.c, []string{axKey(model)}, prefix(model), now, sweepApproxBatch).Int64Slice()
+		if err != nil {
+			return total, wrap("sweep approx", err)
+		}
+		if len(v) != 2 {
+			return total, fmt.Errorf("store: sweep approx: unexpected reply %v", v)
+		}
+		total += int(v[0])
+		if v[1] == 0 {
+			return total, nil
+		}
+	}
 }
 
 // PurgeReplica removes everything kept about the replica under model: index
 // and approximate entries, meta, load and outstanding leases.
 func (s *Store) PurgeReplica(ctx context.Context, model, replica string) error {
-	ids, err := scriptPurge.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica).StringSlice()
+	ids, err := scriptPurge.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica,
+		strconv.FormatInt(ms(s.now()), 10)).StringSlice()
 	if err != nil {
 		return wrap("purge replica", err)
 	}

@@ -114,7 +114,8 @@ func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id stri
 
 // SweepExpired releases the model's leases whose expiry is before Now: the
 // bookings of scoring pods that died mid-request. It returns how many it
-// released.
+// released. It also drops expired approximate entries (see SweepApprox), so
+// that the ingestor's one sweeper bounds both.
 func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
 	total := 0
 	now := strconv.FormatInt(ms(s.now()), 10)
@@ -141,6 +142,10 @@ func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
 			}
 		}
 		if seen < sweepBatch {
+			// Expired approximate entries are dropped on the same beat.
+			if _, err := s.SweepApprox(ctx, model); err != nil {
+				return total, err
+			}
 			return total, nil
 		}
 	}
@@ -174,8 +179,12 @@ func (s *Store) Loads(ctx context.Context, model string, replicas []string) ([]k
 // booking and needs no script.
 func (s *Store) SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error {
 	v := strconv.FormatInt(waiting, 10) + "," + strconv.FormatInt(running, 10) + "," + strconv.FormatFloat(kvUsage, 'g', -1, 64)
-	return wrap("set scraped", s.c.HSet(ctx, loadKey(model), replica+"#s", v).Err())
+	// '#ht' keeps the load hash a hash table (see slotOf in lua/lib.lua).
+	return wrap("set scraped", s.c.HSet(ctx, loadKey(model), replica+"#s", v, "#ht", htPad).Err())
 }
+
+// htPad is longer than any server's hash-max-listpack-value default (64).
+var htPad = strings.Repeat("-", 80)
 
 // parseLoad decodes a booked value "prefill,decode,requests,version" and a
 // scraped value "waiting,running,kvusage"; either may be absent (nil).

@@ -6,6 +6,27 @@
 //
 // Every key of one model carries the hash tag {m:<model>}, so each Lua
 // script touches a single slot and Redis Cluster spreads models over shards.
+//
+// Index data model (P = kvr:{m:<model>}:), chosen so that a lookup costs
+// about log2(blocks) reads however many replicas hold the chain:
+//
+//   - P load      hash: R -> booked load, R#s -> scraped load, R#i -> R's
+//     slot (a small int, allocated on R's first store or approximate record,
+//     reused after PurgeReplica), #n -> next slot. Slots and loads share a
+//     hash so that Lookup reads both with one HMGET.
+//   - P blk       hash: block key (8 bytes) -> parent | first child | four
+//     slot bitmaps RG, RA (rooted: held, with every ancestor, on GPU / in
+//     any tier), HG, HA (held on GPU / in any tier); see lua/lib.lua.
+//   - P k:<key>   set: children beyond the first (fan-out after shared
+//     system prompts).
+//   - P r:R:e2r   hash: engine hash (8 bytes) -> key (8 bytes) + "gpu,host"
+//     refcounts; R:meta holds the applied seq, time and block count.
+//   - P ax        hash: key -> (slot, expiry) pairs of approximate entries,
+//     with per-minute sweep lists P axb:<minute> indexed by zset P axq.
+//
+// RG|RA along a request's chain only shrinks, so lookup.lua finds every
+// boundary by a level-batched binary search on string equality and Go
+// decodes each candidate's depth from the few boundary bitmaps.
 package store
 
 import (
@@ -142,7 +163,8 @@ var (
 	scriptReset   = redis.NewScript(luaSrc("lib", "reset"))
 	scriptPurge   = redis.NewScript(luaSrc("lib", "purge"))
 	scriptLookup  = redis.NewScript(luaSrc("lookup"))
-	scriptApprox  = redis.NewScript(luaSrc("approx"))
+	scriptApprox  = redis.NewScript(luaSrc("lib", "approx"))
+	scriptSweepAx = redis.NewScript(luaSrc("sweepapprox"))
 	scriptReserve = redis.NewScript(luaSrc("reserve"))
 	scriptAdvance = redis.NewScript(luaSrc("lease", "advance"))
 	scriptRelease = redis.NewScript(luaSrc("lease", "release"))
@@ -162,7 +184,7 @@ const (
 func prefix(model string) string     { return "kvr:{m:" + model + "}:" }
 func metaKey(model, r string) string { return prefix(model) + "r:" + r + ":meta" }
 func e2rKey(model, r string) string  { return prefix(model) + "r:" + r + ":e2r" }
-func akKey(model, r string) string   { return prefix(model) + "r:" + r + ":ak" }
+func axKey(model string) string      { return prefix(model) + "ax" }
 func loadKey(model string) string    { return prefix(model) + "load" }
 func ownKey(name string) string      { return "kvr:own:" + name }
 

@@ -1,23 +1,58 @@
 -- approx.lua records that the router sent a request's chain to a replica
--- that publishes no events. Entries live apart from event-fed ones
--- (kvr:{m}:a:<key>, field replica -> expiry ms) so they never overwrite
--- them. An entry only ever moves its expiry later: every record covers a
--- chain from the root, so expiries never increase along a chain and
--- Lookup's binary search over "expiry > now" stays exact.
--- KEYS[1] = kvr:{m}:r:<id>:ak (zset key -> expiry, to purge the replica)
--- ARGV = prefix, replica, now_ms, expiry_ms, ttl_ms, keys...
-local P, R = ARGV[1], ARGV[2]
-local exp = tonumber(ARGV[4])
-local ttl = ARGV[5]
-for i = 6, #ARGV do
-  local k = P .. 'a:' .. ARGV[i]
-  local cur = redis.call('HGET', k, R)
-  if not cur or tonumber(cur) < exp then
-    redis.call('HSET', k, R, ARGV[4])
-    redis.call('ZADD', KEYS[1], ARGV[4], ARGV[i])
+-- that publishes no events. Entries live apart from event-fed ones, in the
+-- hash P..'ax': key (8 bytes) -> pairs sorted by slot of slot (2 bytes,
+-- big-endian) and expiry ms (6 bytes, big-endian). An expiry only moves
+-- later and every record covers a chain from the root, so expiries never
+-- increase along a chain and Lookup's search over "expiry > now" is exact.
+-- Every pair whose expiry moves into a new minute is listed under that
+-- minute (list P..'axb:'<minute>, minutes in zset P..'axq') for sweep_approx.
+-- KEYS[1] = P..'ax'; ARGV = prefix, replica, now_ms, expiry_ms, keys (8n bytes)
+local now, exp, blob = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local s = slotOf(true, ARGV[3])
+local s2 = char(floor(s / 256), s % 256)
+local exp6 = char(floor(exp / 1099511627776) % 256, floor(exp / 4294967296) % 256,
+  floor(exp / 16777216) % 256, floor(exp / 65536) % 256, floor(exp / 256) % 256, exp % 256)
+local G = 60000
+local nb = floor(exp / G)
+local keys = {}
+for i = 1, #blob, 8 do keys[#keys + 1] = sub(blob, i, i + 7) end
+local set, push = {}, {}
+for c = 1, #keys, 4000 do
+  local part = {unpack(keys, c, math.min(c + 3999, #keys))}
+  local vals = redis.call('HMGET', KEYS[1], unpack(part))
+  for j = 1, #part do
+    local v = vals[j] or ''
+    local at, found = #v + 1, false
+    for i = 1, #v, 8 do
+      local ps = byte(v, i) * 256 + byte(v, i + 1)
+      if ps >= s then
+        at, found = i, ps == s
+        break
+      end
+    end
+    local nv
+    if found then
+      local b1, b2, b3, b4, b5, b6 = byte(v, at + 2, at + 7)
+      local old = ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6
+      if old < exp then
+        nv = sub(v, 1, at + 1) .. exp6 .. sub(v, at + 8)
+        if floor(old / G) ~= nb then push[#push + 1] = part[j] end
+      end
+    else
+      nv = sub(v, 1, at - 1) .. s2 .. exp6 .. sub(v, at)
+      push[#push + 1] = part[j]
+    end
+    if nv then
+      set[#set + 1] = part[j]
+      set[#set + 1] = nv
+    end
   end
-  redis.call('PEXPIRE', k, ttl)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ttl)
+chunked('HSET', KEYS[1], set)
+if #push > 0 then
+  chunked('RPUSH', P .. 'axb:' .. nb, push)
+  redis.call('ZADD', P .. 'axq', (nb + 1) * G, nb)
+end
+local x = tonumber(redis.call('HGET', SLOTS, R .. '#x') or 0)
+if x < exp then redis.call('HSET', SLOTS, R .. '#x', ARGV[4]) end
 return 1

@@ -1,80 +1,100 @@
--- lookup.lua answers, for every candidate replica, how many leading blocks of
--- a request's key chain it holds on GPU, in any tier, and approximately, plus
--- its load, in one round trip.
+-- lookup.lua answers which leading blocks of a request's key chain every
+-- replica slot holds.
 -- KEYS[1] = kvr:{m}:load
--- ARGV = prefix, now_ms, n replicas, replicas..., keys...
--- Returns {gpu_1..gpu_n, any_1..any_n, approx_1..approx_n,
---          booked_1, scraped_1, ..., booked_n, scraped_n}.
+-- ARGV = prefix, now_ms, keys (8 big-endian bytes each, one string).
+-- The candidates' slots and loads are read by a plain HMGET pipelined with
+-- this script (Redis turns a long reply into Lua values slowly).
+-- Returns {segments, approx segments}: segments is a flat
+-- list, in no order, of (position, RG|RA substring) for the last position
+-- of every maximal run of equal non-empty values; approx segments likewise
+-- with the string of 2-byte slots whose approximate entry is live. Go decodes the bitmaps: a slot's GPU match is
+-- 1 + the largest position whose RG has it.
 --
--- "Replica r holds the first d blocks" is monotone in d (it is r's rooted
--- flag on block d), so each replica's answer is found by binary search. All
--- candidates are searched jointly: a task (lo, hi, items) knows its items'
--- answers lie in [lo, hi]; one HMGET at the midpoint answers for every item
--- still in play and splits them. Probes ~ distinct answers x log2(blocks),
--- independent of how many blocks a replica holds.
+-- Along a request's chain v(p) = RG|RA of block p only shrinks (as sets,
+-- canonical strings), so v(lo) == v(hi) proves every position between equal.
+-- The search keeps the open ranges [lo, hi] with v(lo) ~= v(hi), hi > lo + 1
+-- and reads all their midpoints with ONE HMGET per level: about log2(n)
+-- HMGETs in all, each with one field per distinct answer boundary.
 local P = ARGV[1]
 local now = tonumber(ARGV[2])
-local nr = tonumber(ARGV[3])
-local base = 3 + nr
-local nk = #ARGV - base
+local blob = ARGV[3]
+local n = #blob / 8
+local sub, byte = string.sub, string.byte
+local floor = math.floor
 
-local function search(kp, nitems, per, pred, out)
-  local first = {}
-  for i = 1, nitems do first[i] = i end
-  local stack = {{0, nk, first}}
-  while #stack > 0 do
-    local t = table.remove(stack)
-    local lo, hi, its = t[1], t[2], t[3]
-    if lo == hi then
-      for i = 1, #its do out[its[i]] = lo end
-    else
-      local mid = math.floor((lo + hi + 1) / 2)
-      -- items of one replica are adjacent and stay so, in order.
-      local fields, slot, last = {}, {}, -1
-      for i = 1, #its do
-        local r = math.floor((its[i] - 1) / per) + 1
-        if r ~= last then
-          fields[#fields + 1] = ARGV[3 + r]
-          last = r
-        end
-        slot[i] = #fields
-      end
-      local vals = redis.call('HMGET', kp .. ARGV[base + mid], unpack(fields))
-      local yes, no = {}, {}
-      for i = 1, #its do
-        if pred(vals[slot[i]], its[i]) then yes[#yes + 1] = its[i] else no[#no + 1] = its[i] end
-      end
-      if #no > 0 then stack[#stack + 1] = {lo, mid - 1, no} end
-      if #yes > 0 then stack[#stack + 1] = {mid, hi, yes} end
+local function kat(p) return sub(blob, 8 * p + 1, 8 * p + 8) end
+
+local function evVal(v)
+  if not v then return '' end
+  local a = byte(v, 18)
+  local b = byte(v, 19 + a)
+  if a + b == 0 then return '' end
+  return sub(v, 18, 19 + a + b)
+end
+
+local function axVal(v)
+  if not v then return '' end
+  local out = {}
+  for i = 1, #v, 8 do
+    local b1, b2, b3, b4, b5, b6 = byte(v, i + 2, i + 7)
+    if ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6 > now then
+      out[#out + 1] = sub(v, i, i + 1)
     end
   end
+  return table.concat(out)
 end
 
-local res = {}
-local tiers = {}
--- item 2r-1: any tier (flag >= 1); item 2r: GPU (flag >= 2).
-search(P .. 'b:', 2 * nr, 2, function(v, it)
-  if not v then return false end
-  return string.byte(v, -1) - 48 >= 2 - (it % 2)
-end, tiers)
-for r = 1, nr do res[r] = tiers[2 * r] or 0 end
-for r = 1, nr do res[nr + r] = tiers[2 * r - 1] or 0 end
+local function search(hkey, conv)
+  local segs = {}
+  if n == 0 then return segs end
+  local val = {}
+  local first = redis.call('HMGET', hkey, kat(0), kat(n - 1))
+  val[0] = conv(first[1])
+  if val[0] == '' then return segs end
+  val[n - 1] = conv(first[2])
+  local open = {}
+  if val[0] ~= val[n - 1] then
+    if n > 2 then
+      open = {0, n - 1}
+    else
+      segs = {0, val[0]}
+    end
+  end
+  while #open > 0 do
+    local mids, fields = {}, {}
+    for i = 1, #open, 2 do
+      local mid = floor((open[i] + open[i + 1]) / 2)
+      mids[#mids + 1] = mid
+      fields[#fields + 1] = kat(mid)
+    end
+    local vals = redis.call('HMGET', hkey, unpack(fields))
+    local nxt = {}
+    for j = 1, #mids do
+      local lo, hi, mid = open[2 * j - 1], open[2 * j], mids[j]
+      local v = conv(vals[j])
+      val[mid] = v
+      if v ~= val[lo] then
+        if mid - lo > 1 then
+          nxt[#nxt + 1] = lo; nxt[#nxt + 1] = mid
+        elseif val[lo] ~= '' then
+          segs[#segs + 1] = lo; segs[#segs + 1] = val[lo]
+        end
+      end
+      if v ~= val[hi] then
+        if hi - mid > 1 then
+          nxt[#nxt + 1] = mid; nxt[#nxt + 1] = hi
+        elseif v ~= '' then
+          segs[#segs + 1] = mid; segs[#segs + 1] = v
+        end
+      end
+    end
+    open = nxt
+  end
+  if val[n - 1] ~= '' then
+    segs[#segs + 1] = n - 1
+    segs[#segs + 1] = val[n - 1]
+  end
+  return segs
+end
 
-local approx = {}
-if nk > 0 and redis.call('EXISTS', P .. 'a:' .. ARGV[base + 1]) == 1 then
-  search(P .. 'a:', nr, 1, function(v, it)
-    return v and tonumber(v) > now
-  end, approx)
-end
-for r = 1, nr do res[2 * nr + r] = approx[r] or 0 end
-
-local lf = {}
-for r = 1, nr do
-  lf[2 * r - 1] = ARGV[3 + r]
-  lf[2 * r] = ARGV[3 + r] .. '#s'
-end
-if nr > 0 then
-  local loads = redis.call('HMGET', KEYS[1], unpack(lf))
-  for i = 1, 2 * nr do res[3 * nr + i] = loads[i] end
-end
-return res
+return {search(P .. 'blk', evVal), search(P .. 'ax', axVal)}

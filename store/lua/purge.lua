@@ -1,18 +1,20 @@
 -- purge.lua removes everything the store knows about one replica of one
--- model: event-fed entries, approximate entries, meta, load and its leases.
--- KEYS[1] = kvr:{m}:r:<id>:meta; ARGV = prefix, replica.
+-- model: event-fed entries, meta, slot, load and its leases. Its slot is
+-- freed for reuse once its approximate entries have all expired (they are
+-- then invisible, and the approximate sweeper drops them).
+-- KEYS[1] = kvr:{m}:r:<id>:meta; ARGV = prefix, replica, now_ms.
 -- Returns the request ids of the dropped leases so that the caller can drop
 -- them from the global request -> model map (another slot).
-clearReplica(P .. 'r:' .. R .. ':e2r')
-redis.call('DEL', KEYS[1])
-local ak = P .. 'r:' .. R .. ':ak'
-local akeys = redis.call('ZRANGE', ak, 0, -1)
-for i = 1, #akeys do
-  local k = P .. 'a:' .. akeys[i]
-  redis.call('HDEL', k, R)
+local s = slotOf(false)
+if s then
+  clearSlot(P .. 'r:' .. R .. ':e2r')
+  bflush()
+  local x = tonumber(redis.call('HGET', SLOTS, R .. '#x') or 0)
+  redis.call('ZADD', SLOTFREE, math.max(x, tonumber(ARGV[3])), s)
 end
-redis.call('DEL', ak)
-redis.call('HDEL', P .. 'load', R, R .. '#s')
+redis.call('DEL', P .. 'r:' .. R .. ':e2r')
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', P .. 'load', R, R .. '#s', RI, R .. '#x')
 local lb = P .. 'lb'
 local bodies = redis.call('HGETALL', lb)
 local ids = {}
