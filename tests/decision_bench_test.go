@@ -101,7 +101,11 @@ func BenchmarkDecision(b *testing.B) {
 					b.Fatal(err)
 				}
 				rc.Close()
-				prompt, ref, _ := fleetCorpus(b, ctx, st, nRep, nBlocks)
+				prompt, ref, reps := fleetCorpus(b, ctx, st, nRep, nBlocks)
+				ids := make([]string, len(reps))
+				for i, r := range reps {
+					ids[i] = r.ID
+				}
 				cfg := router.DefaultConfig()
 				cfg.RegistryTTL = time.Hour
 				rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(1, 2))})
@@ -122,6 +126,30 @@ func BenchmarkDecision(b *testing.B) {
 					ref.Matched(keys, matched)
 					mem = append(mem, time.Since(t0))
 				}
+				// The decision's two store calls, timed alone, to show where
+				// its time goes.
+				var look, resv latencies
+				for i := range probes {
+					t0 := time.Now()
+					if _, _, err := st.Lookup(ctx, "bench", keys, ids); err != nil {
+						b.Fatal(err)
+					}
+					look = append(look, time.Since(t0))
+					l := kvroute.Lease{RequestID: fmt.Sprintf("probe-%d", i), Model: "bench", Replica: ids[0], PrefillBlocks: 1, DecodeBlocks: 1, Expires: time.Now().Add(time.Minute)}
+					t0 = time.Now()
+					if _, _, err := st.Reserve(ctx, l, -1); err != nil {
+						b.Fatal(err)
+					}
+					resv = append(resv, time.Since(t0))
+					if _, err := st.Release(ctx, l.RequestID); err != nil {
+						b.Fatal(err)
+					}
+				}
+				t0 := time.Now()
+				for range probes {
+					kvroute.BlockKeys(kvroute.KeySpace{Model: "bench"}, kvroute.DefaultBlockSize, prompt, nil)
+				}
+				keying := time.Since(t0) / probes
 				var dec latencies
 				b.ResetTimer()
 				for b.Loop() {
@@ -141,6 +169,9 @@ func BenchmarkDecision(b *testing.B) {
 				b.ReportMetric(float64(dec.p50().Microseconds()), "decision-p50-µs")
 				b.ReportMetric(float64(ping.p50().Microseconds()), "ping-p50-µs")
 				b.ReportMetric(float64(mem.p50().Microseconds()), "inmem-p50-µs")
+				b.ReportMetric(float64(look.p50().Microseconds()), "lookup-p50-µs")
+				b.ReportMetric(float64(resv.p50().Microseconds()), "reserve-p50-µs")
+				b.ReportMetric(float64(keying.Microseconds()), "keying-µs")
 				b.ReportMetric(float64(dec.p50())/float64(budget), "x-(ping+inmem)")
 			})
 		}
