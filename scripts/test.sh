@@ -16,7 +16,8 @@ log=$(mktemp)
 status=0
 go test -count=1 -timeout 15m -v ./... >"$log" 2>&1 || status=$?
 # Package results, skips, failures, and proof that Redis tests ran for real.
-grep -E '^(ok|FAIL|---[[:space:]]FAIL|---[[:space:]]SKIP|panic:)|real redis-server' "$log" | sed 's/^[[:space:]]*//' | awk '!seen[$0]++' || true
+grep -E '^(ok|FAIL|---[[:space:]]FAIL|---[[:space:]]SKIP|panic:)|real redis-server' "$log" | sed -e 's/^[[:space:]]*//' -e 's/ at 127\.0\.0\.1:[0-9]*$//' | awk '!seen[$0]++' || true
+echo "Redis-backed tests run against a real server: $(grep -c 'real redis-server' "$log" || true) redis-server processes started"
 if [ "$status" -ne 0 ]; then
   echo "== failures (full log: $log)"
   grep -B2 -A25 -E '^[[:space:]]*--- FAIL' "$log" | head -300 || tail -100 "$log"
