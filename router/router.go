@@ -69,7 +69,7 @@ func DefaultConfig() Config {
 		LeaseTTL:    30 * time.Second,
 		PrefillTPS:  2000,
 		DecodeTPS:   10,
-		RegistryTTL: time.Second,
+		RegistryTTL: 250 * time.Millisecond,
 		MaxTokens:   256,
 	}
 }

@@ -281,3 +281,34 @@ func TestBindMode(t *testing.T) {
 	h.synced("r1")
 	h.waitTruth(prompts, false)
 }
+
+// TestUnhealthyExcluded: a replica whose /health fails stops receiving
+// traffic as soon as the ingestor's probe records it, and comes back when
+// it recovers.
+func TestUnhealthyExcluded(t *testing.T) {
+	h := newHarness(t)
+	h.addReplica("r0", replica.Config{})
+	h.addReplica("r1", replica.Config{})
+	ing, _ := h.startIngestor("ing", h.openStore())
+	h.waitOwned(ing)
+	r := rand.New(rand.NewPCG(8, 8))
+	p := prompt(r, nil, 8*bs)
+	if _, err := h.reps["r1"].Admit(p, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.synced("r1")
+	if d := h.route(p); d.Replica.ID != "r1" {
+		t.Fatalf("healthy: routed to %s, want r1 (it holds the prefix)", d.Replica.ID)
+	}
+	h.reps["r1"].SetHealthy(false)
+	sick := time.Now()
+	h.waitFor("r1 is excluded", func() bool { return h.route(p).Replica.ID == "r0" })
+	t.Logf("excluded %v after /health started failing (probe every 200ms, registry cache 50ms)", time.Since(sick).Round(10*time.Millisecond))
+	for range 10 {
+		if d := h.route(p); d.Replica.ID != "r0" {
+			t.Fatalf("routed to unhealthy %s", d.Replica.ID)
+		}
+	}
+	h.reps["r1"].SetHealthy(true)
+	h.waitFor("r1 is back, prefix and all", func() bool { d := h.route(p); return d.Replica.ID == "r1" && d.Matched == 8 })
+}
