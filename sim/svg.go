@@ -22,7 +22,7 @@ func WriteSVG(w io.Writer, reports []Report) error {
 		cols   = 3
 	)
 	rows := (len(reports) + cols - 1) / cols
-	height := sh + 40 + rows*(ph+40) + 20
+	height := sh + 60 + rows*(ph+40) + 20
 	p := func(format string, a ...any) { fmt.Fprintf(bw, format, a...) }
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
@@ -61,7 +61,7 @@ func WriteSVG(w io.Writer, reports []Report) error {
 	}
 
 	// Small multiples: outstanding requests per replica over time.
-	top := float64(sh + 40)
+	top := float64(sh + 60)
 	p(`<text x="%d" y="%.0f" font-size="14" text-anchor="middle">outstanding requests per replica over the makespan (one line per replica)</text>`+"\n", width/2, top-8)
 	maxL := 0.0
 	for _, r := range reports {
