@@ -59,6 +59,10 @@ type Config struct {
 	RegistryTTL time.Duration
 	// MaxTokens is the output length assumed when a request gives none.
 	MaxTokens int
+	// StoreBackoff is how long decisions skip the store after it failed:
+	// during an outage every decision is degraded at once instead of
+	// waiting out a connection attempt first.
+	StoreBackoff time.Duration
 }
 
 // DefaultConfig is what `kvroute serve` starts with.
@@ -69,8 +73,9 @@ func DefaultConfig() Config {
 		LeaseTTL:    30 * time.Second,
 		PrefillTPS:  2000,
 		DecodeTPS:   10,
-		RegistryTTL: 250 * time.Millisecond,
-		MaxTokens:   256,
+		RegistryTTL:  250 * time.Millisecond,
+		MaxTokens:    256,
+		StoreBackoff: time.Second,
 	}
 }
 
@@ -114,6 +119,9 @@ type Router struct {
 	rng    *mrand.Rand
 	count  atomic.Uint64
 	cached registryCache
+	// downUntil (unix nanoseconds) is when the store may be tried again
+	// after a failure.
+	downUntil atomic.Int64
 }
 
 // Options are the router's injected dependencies; zero values get defaults.
@@ -211,6 +219,9 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
 			return Decision{}, fmt.Errorf("router: lookup: %w", err)
 		}
+		if err != nil {
+			r.markDown()
+		}
 		return r.degraded(d, fleet, err)
 	}
 
@@ -261,6 +272,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		booked, cur, err := r.idx.Reserve(ctx, lease, ifVersion)
 		if err != nil {
 			if errors.Is(err, kvroute.ErrUnavailable) {
+				r.markDown()
 				return r.degraded(d, fleet, err)
 			}
 			return Decision{}, fmt.Errorf("router: reserve: %w", err)
@@ -327,12 +339,24 @@ func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Dec
 	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
 	d.Policy, d.Degraded = scoring.PolicyRoundRobin, true
 	d.Reason = "state store unreachable"
-	if cause != nil {
+	if cause == nil {
+		d.Reason += " (recently failed; retried within " + r.cfg.StoreBackoff.String() + ")"
+	} else {
 		d.Reason += ": " + cause.Error()
 	}
-	r.log.Warn("degraded decision", "replica", d.Replica.ID, "err", cause)
+	if cause != nil {
+		// Once per backoff window, not once per decision.
+		r.log.Warn("state store unreachable: deciding round-robin", "backoff", r.cfg.StoreBackoff, "err", cause)
+	}
 	return d, nil
 }
+
+// markDown starts a StoreBackoff window in which decisions skip the store.
+func (r *Router) markDown() {
+	r.downUntil.Store(r.now().Add(r.cfg.StoreBackoff).UnixNano())
+}
+
+func (r *Router) storeDown() bool { return r.now().UnixNano() < r.downUntil.Load() }
 
 func (r *Router) leaseTTL(promptTokens, maxTokens int) time.Duration {
 	ttl := r.cfg.LeaseTTL
@@ -369,13 +393,20 @@ func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool,
 		defer c.mu.Unlock()
 		return c.replicas, false, nil
 	}
+	if c.valid && r.storeDown() {
+		defer c.mu.Unlock()
+		return c.replicas, true, nil
+	}
 	c.mu.Unlock()
 	list, err := r.reg.ListReplicas(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		if c.valid && errors.Is(err, kvroute.ErrUnavailable) {
-			return c.replicas, true, nil
+		if errors.Is(err, kvroute.ErrUnavailable) {
+			r.markDown()
+			if c.valid {
+				return c.replicas, true, nil
+			}
 		}
 		return nil, false, fmt.Errorf("router: list replicas: %w", err)
 	}

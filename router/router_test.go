@@ -109,14 +109,16 @@ func (f *fakeIndex) Release(_ context.Context, id string) (bool, error) {
 }
 
 type fakeRegistry struct {
-	mu   sync.Mutex
-	list []kvroute.Replica
-	down bool
+	mu    sync.Mutex
+	list  []kvroute.Replica
+	down  bool
+	calls int
 }
 
 func (r *fakeRegistry) ListReplicas(context.Context) ([]kvroute.Replica, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.calls++
 	if r.down {
 		return nil, fmt.Errorf("fake: %w", kvroute.ErrUnavailable)
 	}
@@ -283,4 +285,37 @@ func TestRoute(t *testing.T) {
 			t.Errorf("degraded placement %v, want r0 and r2 twice each", got)
 		}
 	})
+}
+
+// TestStoreBackoff: after the store fails, decisions skip it for
+// StoreBackoff (degraded at once, no connection attempt), then try again.
+func TestStoreBackoff(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	idx, reg := newFake(), fleet(2, true)
+	r := newRouter(t, idx, reg, clock)
+	if _, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil {
+		t.Fatal(err)
+	}
+	idx.down, reg.down = true, true
+	d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)})
+	if err != nil || !d.Degraded {
+		t.Fatalf("first decision in the outage: degraded=%v err=%v", d.Degraded, err)
+	}
+	calls := reg.calls
+	for range 5 {
+		now = now.Add(100 * time.Millisecond)
+		if d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil || !d.Degraded {
+			t.Fatalf("decision in the backoff window: degraded=%v err=%v", d.Degraded, err)
+		}
+	}
+	if got := reg.calls - calls; got != 0 {
+		t.Errorf("store tried %d times within the backoff window, want 0", got)
+	}
+	idx.down, reg.down = false, false
+	now = now.Add(time.Second)
+	if d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil || d.Degraded {
+		t.Errorf("after the backoff: degraded=%v err=%v, want a normal decision", d.Degraded, err)
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestEventsRouteToHolder: a replica's own cache events reach the index,
@@ -311,4 +312,55 @@ func TestUnhealthyExcluded(t *testing.T) {
 	}
 	h.reps["r1"].SetHealthy(true)
 	h.waitFor("r1 is back, prefix and all", func() bool { d := h.route(p); return d.Replica.ID == "r1" && d.Matched == 8 })
+}
+
+// TestRedisDown: the real redis-server goes away mid-run. Decisions carry
+// on, round-robin over the replicas last known healthy, marked degraded;
+// readiness reports the outage.
+func TestRedisDown(t *testing.T) {
+	h := newHarness(t)
+	h.addReplica("r0", replica.Config{})
+	h.addReplica("r1", replica.Config{})
+	r := rand.New(rand.NewPCG(9, 9))
+	p := prompt(r, nil, 4*bs)
+	if d := h.route(p); d.Replica.ID == "" {
+		t.Fatal("no decision while Redis is up")
+	}
+	opt, err := redis.ParseURL(h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(opt)
+	_ = rc.Do(h.ctx, "SHUTDOWN", "NOSAVE").Err() // the connection drops: no reply
+	rc.Close()
+
+	seen := map[string]int{}
+	down := time.Now()
+	defer func() { t.Logf("4 degraded decisions and a readiness check took %v", time.Since(down).Round(time.Millisecond)) }()
+	for range 4 {
+		b, _ := json.Marshal(map[string]any{"model": model, "token_ids": p})
+		t0 := time.Now()
+		code, body := h.call("POST", "/v1/route", string(b))
+		t.Logf("degraded decision in %v", time.Since(t0).Round(time.Millisecond))
+		if code != http.StatusOK {
+			t.Fatalf("route with Redis down: %d %s, want 200", code, body)
+		}
+		var d struct {
+			Replica  struct{ ID string } `json:"replica"`
+			Degraded bool               `json:"degraded"`
+		}
+		if err := json.Unmarshal([]byte(body), &d); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Degraded {
+			t.Errorf("degraded = false with Redis down: %s", body)
+		}
+		seen[d.Replica.ID]++
+	}
+	if seen["r0"] != 2 || seen["r1"] != 2 {
+		t.Errorf("degraded placement %v, want round-robin over r0 and r1", seen)
+	}
+	if code, body := h.call("GET", "/readyz", ""); code != http.StatusServiceUnavailable {
+		t.Errorf("readyz with Redis down: %d %s, want 503", code, body)
+	}
 }
