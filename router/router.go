@@ -68,11 +68,11 @@ type Config struct {
 // DefaultConfig is what `kvroute serve` starts with.
 func DefaultConfig() Config {
 	return Config{
-		Scoring:     scoring.DefaultConfig(),
-		BlockSize:   kvroute.DefaultBlockSize,
-		LeaseTTL:    30 * time.Second,
-		PrefillTPS:  2000,
-		DecodeTPS:   10,
+		Scoring:      scoring.DefaultConfig(),
+		BlockSize:    kvroute.DefaultBlockSize,
+		LeaseTTL:     30 * time.Second,
+		PrefillTPS:   2000,
+		DecodeTPS:    10,
 		RegistryTTL:  250 * time.Millisecond,
 		MaxTokens:    256,
 		StoreBackoff: time.Second,

@@ -336,7 +336,9 @@ func TestRedisDown(t *testing.T) {
 
 	seen := map[string]int{}
 	down := time.Now()
-	defer func() { t.Logf("4 degraded decisions and a readiness check took %v", time.Since(down).Round(time.Millisecond)) }()
+	defer func() {
+		t.Logf("4 degraded decisions and a readiness check took %v", time.Since(down).Round(time.Millisecond))
+	}()
 	for range 4 {
 		b, _ := json.Marshal(map[string]any{"model": model, "token_ids": p})
 		t0 := time.Now()
@@ -347,7 +349,7 @@ func TestRedisDown(t *testing.T) {
 		}
 		var d struct {
 			Replica  struct{ ID string } `json:"replica"`
-			Degraded bool               `json:"degraded"`
+			Degraded bool                `json:"degraded"`
 		}
 		if err := json.Unmarshal([]byte(body), &d); err != nil {
 			t.Fatal(err)
