@@ -11,9 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// opSize is the bytes of one op in apply.lua's op string.
-const opSize = 26
-
 // keyBytes packs keys as apply.lua and lookup.lua read them: 8 big-endian
 // bytes each, one string.
 func keyBytes(keys []kvroute.BlockKey) []byte {
@@ -40,31 +37,43 @@ type ApplyResult struct {
 // than the last applied one is a no-op, so a replay may overlap what was
 // already applied.
 func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (ApplyResult, error) {
-	blob := make([]byte, 0, opSize*len(ops))
-	for _, op := range ops {
+	// apply.lua's arguments: the fixed four, then kind and tier of every op
+	// (two bytes each), then every op's engine hash, key and parent as
+	// separate arguments (8 bytes each, empty where the kind has none), so
+	// that the script reads them without string.sub and passes each run to
+	// HMGET whole.
+	n := len(ops)
+	args := make([]any, 5+3*n)
+	args[0], args[1] = prefix(model), replica
+	args[2], args[3] = strconv.FormatInt(seq, 10), strconv.FormatInt(ms(s.now()), 10)
+	kinds := make([]byte, 2*n)
+	b8 := make([]byte, 24*n)
+	for i, op := range ops {
 		tier := byte(0)
 		if op.Tier != kvroute.TierGPU {
 			tier = 1
 		}
+		kinds[2*i+1] = tier
+		eh, key, par := b8[24*i:24*i+8], b8[24*i+8:24*i+16], b8[24*i+16:24*i+24]
 		switch op.Kind {
 		case kvroute.OpStore:
-			blob = append(blob, 'S')
-			blob = binary.BigEndian.AppendUint64(blob, op.EngineHash)
-			blob = binary.BigEndian.AppendUint64(blob, uint64(op.Key))
-			blob = binary.BigEndian.AppendUint64(blob, uint64(op.Parent))
+			kinds[2*i] = 'S'
+			binary.BigEndian.PutUint64(eh, op.EngineHash)
+			binary.BigEndian.PutUint64(key, uint64(op.Key))
+			binary.BigEndian.PutUint64(par, uint64(op.Parent))
+			args[5+i], args[5+n+i], args[5+2*n+i] = eh, key, par
 		case kvroute.OpRemove:
-			blob = append(blob, 'R')
-			blob = binary.BigEndian.AppendUint64(blob, op.EngineHash)
-			blob = append(blob, make([]byte, 16)...)
+			kinds[2*i] = 'R'
+			binary.BigEndian.PutUint64(eh, op.EngineHash)
+			args[5+i], args[5+n+i], args[5+2*n+i] = eh, "", ""
 		case kvroute.OpClear:
-			blob = append(blob, 'C')
-			blob = append(blob, make([]byte, 24)...)
+			kinds[2*i] = 'C'
+			args[5+i], args[5+n+i], args[5+2*n+i] = "", "", ""
 		default:
 			return ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
 		}
-		blob = append(blob, tier)
 	}
-	args := []any{prefix(model), replica, strconv.FormatInt(seq, 10), strconv.FormatInt(ms(s.now()), 10), blob}
+	args[4] = kinds
 	v, err := scriptApply.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
 	if err != nil {
 		return ApplyResult{}, wrap("apply", err)

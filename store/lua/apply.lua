@@ -1,69 +1,128 @@
 -- apply.lua applies one event batch of one replica atomically.
 -- KEYS[1] = kvr:{m}:r:<id>:meta
--- ARGV = prefix, replica, seq, now_ms, ops: 26 bytes per op: kind (S|R|C),
---        engine hash (8, big-endian), key (8), parent key (8, zero: none),
---        tier (0 GPU, 1 host).
+-- ARGV = prefix, replica, seq, now_ms, kinds (two bytes per op: kind S|R|C,
+--        tier 0 GPU | 1 host), then for the n ops: n engine hashes, n keys,
+--        n parent keys (8 big-endian bytes each; zero key: no parent; empty
+--        where the kind has none).
 -- Returns {applied, stored, removed, unknown}. A batch whose seq is not newer
 -- than the applied seq changes nothing, so redelivery is harmless.
 --
 -- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes) -> key
 -- (8 bytes) .. "<gpu refs>,<host refs>"; a block leaves a tier when its
 -- count drops to 0, and R's HG/HA bits at the block follow the counts.
+--
+-- The common op, a fresh engine hash storing a new block under a parent the
+-- replica holds rooted (the next block of a prompt), takes a fast path that
+-- writes the finished entry directly; every other op takes the general one.
 local meta = KEYS[1]
 local E2R = P .. 'r:' .. R .. ':e2r'
 local seq = tonumber(ARGV[3])
-local ops = ARGV[5]
+local kinds = ARGV[5]
+local nops = #kinds / 2
+local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
 local m = redis.call('HMGET', meta, 'seq', 'n')
 if m[1] and tonumber(m[1]) >= seq then return {0, 0, 0, 0} end
 local held = tonumber(m[2] or 0) or 0
 local stored, removed, unknown = 0, 0, 0
-local nops = #ops / 26
 
--- Prefetch every engine-hash entry and block entry the batch may touch.
-local ehs, anyStore = {}, false
-for i = 0, nops - 1 do
-  local o = i * 26
-  ehs[#ehs + 1] = sub(ops, o + 2, o + 9)
-  if sub(ops, o + 1, o + 1) == 'S' then anyStore = true end
+-- Prefetch every engine-hash entry and block entry the batch may touch:
+-- evals[i] is op i's engine-hash entry, bvals[i] its block and
+-- bvals[nops + i] its parent, as they were before the batch (false: none).
+-- Blocks are written only at the end, engine hashes also at a clear (after
+-- which evals is not used: cleared marks that).
+local function mget(hkey, from, to)
+  local out = {}
+  for i = from, to, 4000 do
+    local vals = redis.call('HMGET', hkey, unpack(ARGV, i, math.min(i + 3999, to)))
+    for j = 1, #vals do out[#out + 1] = vals[j] end
+  end
+  return out
 end
 local eraw, ec, edirty, elist = {}, {}, {}, {}
-if #ehs > 0 then
-  for i = 1, #ehs, 4000 do
-    local part = {unpack(ehs, i, math.min(i + 3999, #ehs))}
-    local vals = redis.call('HMGET', E2R, unpack(part))
-    for j = 1, #part do eraw[part[j]] = vals[j] end
-  end
-end
-local slot = slotOf(anyStore, ARGV[4])
+local evals = mget(E2R, EH0 + 1, EH0 + nops)
+local cleared = false
+local slot = slotOf(string.find(kinds, 'S', 1, true) ~= nil, ARGV[4])
 if not slot then
   -- R never stored anything: it holds nothing, every removal is unknown.
-  for i = 0, nops - 1 do
-    if sub(ops, i * 26 + 1, i * 26 + 1) == 'R' then unknown = unknown + 1 end
+  for i = 1, nops do
+    if byte(kinds, 2 * i - 1) == 82 then unknown = unknown + 1 end
   end
   redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', 0)
   return {1, 0, 0, unknown}
 end
+local bvals = mget(BLK, K0 + 1, P0 + nops)
 do
   local want = {}
-  for i = 0, nops - 1 do
-    local o = i * 26
-    local kind = sub(ops, o + 1, o + 1)
-    if kind == 'S' then
-      want[#want + 1] = sub(ops, o + 10, o + 17)
-      local par = sub(ops, o + 18, o + 25)
-      if par ~= Z8 then want[#want + 1] = par end
-    elseif kind == 'R' then
-      local v = eraw[sub(ops, o + 2, o + 9)]
+  for i = 1, nops do
+    if byte(kinds, 2 * i - 1) == 82 then
+      local v = evals[i]
       if v then want[#want + 1] = sub(v, 1, 8) end
     end
   end
   prefetch(want)
 end
 
-local function eget(eh)
+-- The fast path. SB is the bitmap of R's slot alone; a fast-path block is
+-- entry par | first child | TG (on GPU: rooted and held on GPU) or TH (in
+-- host memory: rooted and held in any tier), its engine hash maps to key ..
+-- '1,0' or '0,1'. bc[key] and ec[eh] hold the op's index until something
+-- else touches them (bmat, eget); ffc[key] is the block's first child.
+local SB = string.rep('\0', SI - 1) .. char(SM)
+local LB = char(#SB)
+local TG = '\0' .. LB .. SB .. LB .. SB .. LB .. SB .. LB .. SB
+local TH = '\0\0' .. LB .. SB .. '\0' .. LB .. SB
+local ffc, fast = {}, {}
+
+bmat = function(k, i)
+  local e
+  if byte(kinds, 2 * i) == 0 then
+    e = {par = ARGV[P0 + i], fc = ffc[k] or Z8, x = 0, rg = SB, ra = SB, hg = SB, ha = SB}
+  else
+    e = {par = ARGV[P0 + i], fc = ffc[k] or Z8, x = 0, rg = '', ra = SB, hg = '', ha = SB}
+  end
+  ffc[k] = nil
+  bc[k] = e
+  bmark(k)
+  return e
+end
+
+-- fastE appends the pairs of fast-path engine hashes not touched since.
+local function fastE(set)
+  for j = 1, #fast do
+    local i = fast[j]
+    local eh = ARGV[EH0 + i]
+    if ec[eh] == i then
+      set[#set + 1] = eh
+      if byte(kinds, 2 * i) == 0 then
+        set[#set + 1] = ARGV[K0 + i] .. '1,0'
+      else
+        set[#set + 1] = ARGV[K0 + i] .. '0,1'
+      end
+    end
+  end
+  return set
+end
+
+local function emark(eh)
+  if not edirty[eh] then
+    edirty[eh] = true
+    elist[#elist + 1] = eh
+  end
+end
+
+local function eget(eh, i)
   local x = ec[eh]
+  if type(x) == 'number' then
+    local g = 1
+    if byte(kinds, 2 * x) ~= 0 then g = 0 end
+    x = {k = ARGV[K0 + x], g = g, h = 1 - g}
+    ec[eh] = x
+    emark(eh)
+    return x
+  end
   if x == nil then
     local v = eraw[eh]
+    if v == nil and i and not cleared then v = evals[i] end
     if v == nil then v = redis.call('HGET', E2R, eh) end
     if v then
       local g, h = string.match(sub(v, 9), '^(%d+),(%d+)$')
@@ -76,21 +135,23 @@ local function eget(eh)
   return x or nil
 end
 
-local function emark(eh)
-  if not edirty[eh] then
-    edirty[eh] = true
-    elist[#elist + 1] = eh
-  end
+
+-- refs formats a pair of counts; small ones come from a table (formatting a
+-- number costs more than the rest of a fast-path op).
+local RS = {[0] = '0,0', '0,1', '0,2', '0,3', '1,0', '1,1', '1,2', '1,3', '2,0', '2,1', '2,2', '2,3', '3,0', '3,1', '3,2', '3,3'}
+local function refs(g, h)
+  if g < 4 and h < 4 then return RS[g * 4 + h] end
+  return g .. ',' .. h
 end
 
 local function eflush()
-  local set, del = {}, {}
+  local set, del = fastE({}), {}
   for i = 1, #elist do
     local eh = elist[i]
     local x = ec[eh]
     if x then
       set[#set + 1] = eh
-      set[#set + 1] = x.k .. x.g .. ',' .. x.h
+      set[#set + 1] = x.k .. refs(x.g, x.h)
     else
       del[#del + 1] = eh
     end
@@ -110,13 +171,45 @@ local function holdings(x)
   drop(x.k)
 end
 
-for i = 0, nops - 1 do
-  local o = i * 26
-  local kind = sub(ops, o + 1, o + 1)
-  local eh = sub(ops, o + 2, o + 9)
-  if kind == 'S' then
-    local key, par, tier = sub(ops, o + 10, o + 17), sub(ops, o + 18, o + 25), byte(ops, o + 26)
-    local x = eget(eh)
+for i = 1, nops do
+  local kind, tier = byte(kinds, 2 * i - 1, 2 * i)
+  local eh = ARGV[EH0 + i]
+  local isfast = false
+  if kind == 83 then -- 'S'
+    local key, par = ARGV[K0 + i], ARGV[P0 + i]
+    if ec[eh] == nil and evals[i] == false and bc[key] == nil and bvals[i] == false then
+      -- A fresh engine hash storing a new block: fast if the parent is
+      -- rooted for R in the op's tier.
+      local pg, pa, pf = true, true, nil
+      if par ~= Z8 then
+        local pe = bc[par]
+        if type(pe) == 'number' then
+          pf = pe
+          pg, pa = byte(kinds, 2 * pe) == 0, true
+        else
+          if pe == nil and braw[par] == nil then braw[par] = bvals[nops + i] end
+          pe = bget(par)
+          if pe then pg, pa = has(pe.rg), has(pe.ra) else pg, pa = false, false end
+        end
+      end
+      if (tier == 0 and pg) or (tier ~= 0 and pa) then
+        isfast = true
+        bc[key], ec[eh] = i, i
+        fast[#fast + 1] = i
+        held, stored = held + 1, stored + 1
+        if par ~= Z8 then
+          if pf and ffc[par] == nil then ffc[par] = key else link(par, key) end
+        end
+      end
+    end
+  end
+  if isfast then
+    -- done
+  elseif kind == 83 then
+    local key, par = ARGV[K0 + i], ARGV[P0 + i]
+    if braw[key] == nil then braw[key] = bvals[i] end
+    if braw[par] == nil then braw[par] = bvals[nops + i] end
+    local x = eget(eh, i)
     if x and x.k ~= key then
       -- The engine hash now names another block: the old one is released.
       x.g, x.h = 0, 0
@@ -144,9 +237,8 @@ for i = 0, nops - 1 do
     e.hg, e.ha = put(e.hg, x.g > 0), put(e.ha, true)
     fix(key, e)
     stored = stored + 1
-  elseif kind == 'R' then
-    local tier = byte(ops, o + 26)
-    local x = eget(eh)
+  elseif kind == 82 then -- 'R'
+    local x = eget(eh, i)
     if not x or (tier == 0 and x.g == 0) or (tier ~= 0 and x.h == 0) then
       unknown = unknown + 1
     else
@@ -159,15 +251,30 @@ for i = 0, nops - 1 do
       end
       holdings(x)
     end
-  elseif kind == 'C' then
+  elseif kind == 67 then -- 'C'
     eflush()
     clearSlot(E2R)
-    eraw, ec = {}, {}
+    eraw, ec, cleared = {}, {}, true
     held = 0
   end
 end
 
-bflush()
+do
+  local set = {}
+  for j = 1, #fast do
+    local i = fast[j]
+    local key = ARGV[K0 + i]
+    if bc[key] == i then
+      set[#set + 1] = key
+      if byte(kinds, 2 * i) == 0 then
+        set[#set + 1] = ARGV[P0 + i] .. (ffc[key] or Z8) .. TG
+      else
+        set[#set + 1] = ARGV[P0 + i] .. (ffc[key] or Z8) .. TH
+      end
+    end
+  end
+  bflush(set)
+end
 eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', held)

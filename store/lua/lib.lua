@@ -144,13 +144,41 @@ local function decode(v)
     ha = sub(v, i + 1, i + n)}
 end
 
+-- tails caches the encoded end of entries whose bitmaps are all one set
+-- (held and rooted on GPU by the same slots, nearly every entry) and of
+-- those held only off GPU (RG = HG = '', RA = HA): x | RG | RA | HG | HA.
+local tails, htails = {}, {}
+
 local function encode(e)
-  return e.par .. e.fc .. char(e.x, #e.rg) .. e.rg .. char(#e.ra) .. e.ra .. char(#e.hg) .. e.hg .. char(#e.ha) .. e.ha
+  local rg, ra = e.rg, e.ra
+  if e.x == 0 and rg == e.hg and ra == e.ha then
+    if rg == ra then
+      local t = tails[rg]
+      if not t then
+        local l = char(#rg)
+        t = '\0' .. l .. rg .. l .. rg .. l .. rg .. l .. rg
+        tails[rg] = t
+      end
+      return e.par .. e.fc .. t
+    elseif rg == '' then
+      local t = htails[ra]
+      if not t then
+        local l = char(#ra)
+        t = '\0\0' .. l .. ra .. '\0' .. l .. ra
+        htails[ra] = t
+      end
+      return e.par .. e.fc .. t
+    end
+  end
+  return e.par .. e.fc .. char(e.x, #rg) .. rg .. char(#ra) .. ra .. char(#e.hg) .. e.hg .. char(#e.ha) .. e.ha
 end
 
 -- Block entries are read once and written back once per script: bc caches
--- decoded entries (false: absent), braw holds prefetched raw values.
+-- decoded entries (false: absent), braw holds prefetched raw values. apply.lua
+-- also keeps a block it wrote by its fast path as the op's index (a number)
+-- in bc, turned into a decoded entry by bmat when something else touches it.
 local braw, bc, bdirty, blist = {}, {}, {}, {}
+local bmat
 
 local function chunked(cmd, key, list)
   for i = 1, #list, 4000 do
@@ -175,6 +203,8 @@ local function bget(k)
     if v == nil then v = redis.call('HGET', BLK, k) end
     if v then e = decode(v) else e = false end
     bc[k] = e
+  elseif type(e) == 'number' then
+    e = bmat(k, e)
   end
   return e or nil
 end
@@ -186,8 +216,11 @@ local function bmark(k)
   end
 end
 
-local function bflush()
-  local set, del = {}, {}
+-- bflush writes every changed entry, after the field-value pairs in set
+-- (optional) that the caller has ready.
+local function bflush(set)
+  local del = {}
+  set = set or {}
   for i = 1, #blist do
     local k = blist[i]
     local e = bc[k]
