@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,7 +227,13 @@ func checkRefs(t *testing.T, e *env, modelName string, m *model, keys []kvroute.
 		}
 		held := map[kvroute.BlockKey]string{}
 		for _, v := range e2r {
-			held[kvroute.BlockKey(binary.BigEndian.Uint64([]byte(v[:8])))] = v[8:]
+			// Records: engine-hash suffix (2), key (8), "gpu,host", ';'.
+			// The refs text holds no ';' (the binary bytes may).
+			for len(v) > 0 {
+				end := 10 + strings.IndexByte(v[10:], ';')
+				held[kvroute.BlockKey(binary.BigEndian.Uint64([]byte(v[2:10])))] = v[10:end]
+				v = v[end+1:]
+			}
 		}
 		slot := -1
 		if s, err := e.rc.HGet(ctx, p+"load", r+"#i").Result(); err == nil {
@@ -260,6 +267,9 @@ func checkRefs(t *testing.T, e *env, modelName string, m *model, keys []kvroute.
 func entryBit(v string, i, slot int) bool {
 	if len(v) < 17 || slot < 0 {
 		return false
+	}
+	if v[16] >= 2 { // shape bit: one bitmap stands for all four
+		i = 0
 	}
 	v = v[17:]
 	for ; i > 0; i-- {

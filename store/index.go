@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -36,7 +37,32 @@ type ApplyResult struct {
 // Lua call. Batches are idempotent by seq: a batch whose seq is not newer
 // than the last applied one is a no-op, so a replay may overlap what was
 // already applied.
+//
+// A batch made only of fresh chains (the blocks of new prompts) whose
+// replica's slot is cached goes to applyfast.lua with every block entry and
+// engine-hash record computed here: the script only checks that the slot,
+// blocks and engine hashes are as assumed (else it changes nothing and the
+// batch takes apply.lua's general path, one more round trip) and writes
+// them with one HSET per hash.
 func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (ApplyResult, error) {
+	ck := model + "\x00" + replica
+	if sl, ok := s.slots.Load(ck); ok {
+		if args := fastArgs(model, replica, seq, ms(s.now()), sl.(int), ops); args != nil {
+			v, err := scriptApplyF.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
+			if err != nil {
+				return ApplyResult{}, wrap("apply", err)
+			}
+			if len(v) < 4 {
+				return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+			}
+			if v[0] >= 0 {
+				return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+			}
+			// The slot moved or the chains are not fresh: nothing was
+			// written, the general path applies the batch.
+			s.slots.Delete(ck)
+		}
+	}
 	// apply.lua's arguments: the fixed four, then kind and tier of every op
 	// (two bytes each), then every op's engine hash, key and parent as
 	// separate arguments (8 bytes each, empty where the kind has none), so
@@ -78,10 +104,108 @@ func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops
 	if err != nil {
 		return ApplyResult{}, wrap("apply", err)
 	}
-	if len(v) != 4 {
+	if len(v) != 4 && len(v) != 5 {
 		return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 	}
+	if len(v) == 5 && v[4] >= 0 {
+		s.slots.Store(ck, int(v[4]))
+	}
 	return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+}
+
+// fastArgs returns applyfast.lua's arguments when every op of the batch
+// stores a block of a fresh chain: distinct keys and engine hashes, each
+// parent NoParent or an earlier op's key, no key parent of two ops, no two
+// engine hashes under one e2r field (6-byte prefix). Each
+// entry and engine-hash value is then computed here for R's slot, as
+// apply.lua's general path would leave it if every block and engine hash is
+// new (which the script verifies); otherwise fastArgs returns nil.
+func fastArgs(model, replica string, seq, now int64, slot int, ops []kvroute.IndexOp) []any {
+	n := len(ops)
+	if n == 0 || slot < 0 {
+		return nil
+	}
+	idx := make(map[kvroute.BlockKey]int, n) // key -> op index
+	ehs := make(map[uint64]struct{}, n)      // engine-hash prefixes (e2r fields)
+	child := make([]int, n)                  // op index + 1 of the op's child, 0: none
+	rooted := make([]byte, n)                // bit 0: RG, bit 1: RA
+	for i, op := range ops {
+		if op.Kind != kvroute.OpStore || op.Key == kvroute.NoParent {
+			return nil
+		}
+		if _, dup := idx[op.Key]; dup {
+			return nil
+		}
+		if _, dup := ehs[op.EngineHash>>16]; dup {
+			return nil
+		}
+		pr := byte(3)
+		if op.Parent != kvroute.NoParent {
+			p, ok := idx[op.Parent]
+			if !ok || child[p] != 0 {
+				return nil
+			}
+			child[p] = i + 1
+			pr = rooted[p]
+		}
+		if op.Tier != kvroute.TierGPU {
+			pr &^= 1
+		}
+		rooted[i] = pr
+		idx[op.Key] = i
+		ehs[op.EngineHash>>16] = struct{}{}
+	}
+	bm := make([]byte, slot/8+1)
+	bm[slot/8] = 1 << (slot % 8)
+	lb := byte(len(bm))
+	args := make([]any, 6+4*n)
+	args[0], args[1] = prefix(model), replica
+	args[2], args[3] = strconv.FormatInt(seq, 10), strconv.FormatInt(now, 10)
+	args[4], args[5] = strconv.Itoa(slot), strconv.Itoa(n)
+	b0, e0 := 6, 6+2*n
+	// One buffer for every value: entry (8+8+1 + 4 bitmaps) and e2r record
+	// (2+8+4) per op, plus the 8-byte key and engine hash fields.
+	each := 17 + 4*(1+len(bm)) + 14 + 16
+	buf := make([]byte, 0, each*n)
+	for i, op := range ops {
+		st := len(buf)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Key))
+		buf = binary.BigEndian.AppendUint64(buf, op.EngineHash)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Parent))
+		fc := uint64(0)
+		if c := child[i]; c != 0 {
+			fc = uint64(ops[c-1].Key)
+		}
+		buf = binary.BigEndian.AppendUint64(buf, fc)
+		gpu := op.Tier == kvroute.TierGPU
+		if gpu && rooted[i] == 3 {
+			// Held and rooted on GPU: the four bitmaps are one (shape 2).
+			buf = append(buf, 2, lb)
+			buf = append(buf, bm...)
+		} else {
+			buf = append(buf, 0)
+			for _, on := range [4]bool{rooted[i]&1 != 0, rooted[i]&2 != 0, gpu, true} {
+				if on {
+					buf = append(buf, lb)
+					buf = append(buf, bm...)
+				} else {
+					buf = append(buf, 0)
+				}
+			}
+		}
+		ent := buf[st+16:]
+		buf = append(buf, byte(op.EngineHash>>8), byte(op.EngineHash))
+		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Key))
+		if gpu {
+			buf = append(buf, "1,0;"...)
+		} else {
+			buf = append(buf, "0,1;"...)
+		}
+		e2v := buf[st+16+len(ent):]
+		args[b0+2*i], args[b0+2*i+1] = buf[st:st+8], ent
+		args[e0+2*i], args[e0+2*i+1] = buf[st+8:st+14], e2v
+	}
+	return args
 }
 
 // AppliedSeq returns the seq of the last batch applied for the replica; ok
@@ -104,6 +228,7 @@ func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int6
 // seq, for an engine that restarted (its seq starts over) or a stream the
 // ingestor must rebuild. Approximate entries and load are kept.
 func (s *Store) ResetReplica(ctx context.Context, model, replica string) error {
+	s.slots.Delete(model + "\x00" + replica)
 	err := scriptReset.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica).Err()
 	return wrap("reset replica", err)
 }
@@ -120,7 +245,7 @@ func (s *Store) EngineKeys(ctx context.Context, model, replica string, engineHas
 	for i, h := range engineHashes {
 		var f [8]byte
 		binary.BigEndian.PutUint64(f[:], h)
-		fields[i] = string(f[:])
+		fields[i] = string(f[:6])
 	}
 	vals, err := s.c.HMGet(ctx, e2rKey(model, replica), fields...).Result()
 	if err != nil {
@@ -131,12 +256,29 @@ func (s *Store) EngineKeys(ctx context.Context, model, replica string, engineHas
 		if !ok {
 			continue
 		}
-		if len(str) < 8 {
-			return nil, nil, fmt.Errorf("store: engine keys: bad entry %q", str)
+		k, ok, err := e2rRecord(str, uint16(engineHashes[i]))
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: engine keys: %w", err)
 		}
-		keys[i], found[i] = kvroute.BlockKey(binary.BigEndian.Uint64([]byte(str[:8]))), true
+		keys[i], found[i] = k, ok
 	}
 	return keys, found, nil
+}
+
+// e2rRecord finds the key of the engine hash with the last two bytes suf
+// in an e2r value: records of suffix (2), key (8), "<gpu>,<host>" and ';'.
+func e2rRecord(v string, suf uint16) (kvroute.BlockKey, bool, error) {
+	for len(v) > 0 {
+		end := strings.IndexByte(v[min(10, len(v)):], ';')
+		if len(v) < 14 || end < 0 {
+			return 0, false, fmt.Errorf("bad entry %q", v)
+		}
+		if binary.BigEndian.Uint16([]byte(v[:2])) == suf {
+			return kvroute.BlockKey(binary.BigEndian.Uint64([]byte(v[2:10]))), true, nil
+		}
+		v = v[10+end+1:]
+	}
+	return 0, false, nil
 }
 
 // Lookup returns, for each candidate replica in order, how many leading
@@ -297,6 +439,7 @@ func (s *Store) SweepApprox(ctx context.Context, model string) (int, error) {
 // PurgeReplica removes everything kept about the replica under model: index
 // and approximate entries, meta, load and outstanding leases.
 func (s *Store) PurgeReplica(ctx context.Context, model, replica string) error {
+	s.slots.Delete(model + "\x00" + replica)
 	ids, err := scriptPurge.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica,
 		strconv.FormatInt(ms(s.now()), 10)).StringSlice()
 	if err != nil {

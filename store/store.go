@@ -14,13 +14,18 @@
 //     slot (a small int, allocated on R's first store or approximate record,
 //     reused after PurgeReplica), #n -> next slot. Slots and loads share a
 //     hash so that Lookup reads both with one HMGET.
-//   - P blk       hash: block key (8 bytes) -> parent | first child | four
-//     slot bitmaps RG, RA (rooted: held, with every ancestor, on GPU / in
-//     any tier), HG, HA (held on GPU / in any tier); see lua/lib.lua.
+//   - P blk       hash: block key (8 bytes) -> parent | first child | shape
+//     byte | four slot bitmaps RG, RA (rooted: held, with every ancestor, on
+//     GPU / in any tier), HG, HA (held on GPU / in any tier), or just one
+//     when all four are equal (shape bit 2: the common block, held on GPU
+//     by the replicas that hold it rooted); see lua/lib.lua.
 //   - P k:<key>   set: children beyond the first (fan-out after shared
 //     system prompts).
-//   - P r:R:e2r   hash: engine hash (8 bytes) -> key (8 bytes) + "gpu,host"
-//     refcounts; R:meta holds the applied seq, time and block count.
+//   - P r:R:e2r   hash: engine hash -> key (8 bytes) + "gpu,host" refcounts,
+//     filed under the hash's first 6 bytes as records of its last 2 bytes,
+//     the key, the counts and ';' (nearly always one record: a 6-byte field
+//     and a 14-byte value fit jemalloc's 8- and 16-byte classes); R:meta
+//     holds the applied seq, time and block count.
 //   - P ax        hash: key -> (slot, expiry) pairs of approximate entries,
 //     with per-minute sweep lists P axb:<minute> indexed by zset P axq.
 //
@@ -38,6 +43,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -66,6 +72,9 @@ type Store struct {
 	now       func() time.Time
 	log       *slog.Logger
 	approxTTL time.Duration
+	// slots caches each (model, replica)'s slot, "model\x00replica" -> int,
+	// as apply.lua reported it; applyfast.lua verifies it on every use.
+	slots sync.Map
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
@@ -160,6 +169,7 @@ func luaSrc(names ...string) string {
 // the script again) when a restarted or flushed server answers NOSCRIPT.
 var (
 	scriptApply   = redis.NewScript(luaSrc("lib", "apply"))
+	scriptApplyF  = redis.NewScript(luaSrc("applyfast"))
 	scriptReset   = redis.NewScript(luaSrc("lib", "reset"))
 	scriptPurge   = redis.NewScript(luaSrc("lib", "purge"))
 	scriptLookup  = redis.NewScript(luaSrc("lookup"))

@@ -4,12 +4,14 @@
 --        tier 0 GPU | 1 host), then for the n ops: n engine hashes, n keys,
 --        n parent keys (8 big-endian bytes each; zero key: no parent; empty
 --        where the kind has none).
--- Returns {applied, stored, removed, unknown}. A batch whose seq is not newer
+-- Returns {applied, stored, removed, unknown, R's slot or -1} (Go caches the
+-- slot for applyfast.lua). A batch whose seq is not newer
 -- than the applied seq changes nothing, so redelivery is harmless.
 --
--- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes) -> key
--- (8 bytes) .. "<gpu refs>,<host refs>"; a block leaves a tier when its
--- count drops to 0, and R's HG/HA bits at the block follow the counts.
+-- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes, as
+-- records under its 6-byte prefix: see lib.lua) -> key (8 bytes) and
+-- "<gpu refs>,<host refs>"; a block leaves a tier when its count drops to 0,
+-- and R's HG/HA bits at the block follow the counts.
 --
 -- The common op, a fresh engine hash storing a new block under a parent the
 -- replica holds rooted (the next block of a prompt), takes a fast path that
@@ -38,8 +40,21 @@ local function mget(hkey, from, to)
   end
   return out
 end
+-- eraw[prefix] is the e2r value of an engine-hash prefix as it is in Redis
+-- (false: none); evals[i] is op i's.
 local eraw, ec, edirty, elist = {}, {}, {}, {}
-local evals = mget(E2R, EH0 + 1, EH0 + nops)
+local evals = {}
+do
+  local f = {}
+  for i = 1, nops do f[i] = sub(ARGV[EH0 + i], 1, 6) end
+  for i = 1, nops, 4000 do
+    local vals = redis.call('HMGET', E2R, unpack(f, i, math.min(i + 3999, nops)))
+    for j = 1, #vals do evals[i + j - 1] = vals[j] end
+  end
+  for i = 1, nops do
+    if f[i] ~= '' and eraw[f[i]] == nil then eraw[f[i]] = evals[i] end
+  end
+end
 local cleared = false
 local slot = slotOf(string.find(kinds, 'S', 1, true) ~= nil, ARGV[4])
 if not slot then
@@ -48,7 +63,7 @@ if not slot then
     if byte(kinds, 2 * i - 1) == 82 then unknown = unknown + 1 end
   end
   redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', 0)
-  return {1, 0, 0, unknown}
+  return {1, 0, 0, unknown, -1}
 end
 local bvals = mget(BLK, K0 + 1, P0 + nops)
 do
@@ -56,20 +71,24 @@ do
   for i = 1, nops do
     if byte(kinds, 2 * i - 1) == 82 then
       local v = evals[i]
-      if v then want[#want + 1] = sub(v, 1, 8) end
+      if v then
+        local k = erec(v, sub(ARGV[EH0 + i], 7, 8))
+        if k then want[#want + 1] = k end
+      end
     end
   end
   prefetch(want)
 end
 
 -- The fast path. SB is the bitmap of R's slot alone; a fast-path block is
--- entry par | first child | TG (on GPU: rooted and held on GPU) or TH (in
--- host memory: rooted and held in any tier), its engine hash maps to key ..
+-- entry par | first child | TG (on GPU: rooted and held on GPU, one bitmap
+-- for all four) or TH (in host memory: rooted and held in any tier), its
+-- engine hash maps to key ..
 -- '1,0' or '0,1'. bc[key] and ec[eh] hold the op's index until something
 -- else touches them (bmat, eget); ffc[key] is the block's first child.
 local SB = string.rep('\0', SI - 1) .. char(SM)
 local LB = char(#SB)
-local TG = '\0' .. LB .. SB .. LB .. SB .. LB .. SB .. LB .. SB
+local TG = '\2' .. LB .. SB
 local TH = '\0\0' .. LB .. SB .. '\0' .. LB .. SB
 local ffc, fast = {}, {}
 
@@ -86,21 +105,34 @@ bmat = function(k, i)
   return e
 end
 
--- fastE appends the pairs of fast-path engine hashes not touched since.
-local function fastE(set)
+-- fastE appends the fast-path engine hashes not touched since to the
+-- records by prefix, pre.
+local function fastE(pre)
   for j = 1, #fast do
     local i = fast[j]
     local eh = ARGV[EH0 + i]
     if ec[eh] == i then
-      set[#set + 1] = eh
+      local p = sub(eh, 1, 6)
+      local g = pre[p] or {}
+      pre[p] = g
       if byte(kinds, 2 * i) == 0 then
-        set[#set + 1] = ARGV[K0 + i] .. '1,0'
+        g[sub(eh, 7, 8)] = ARGV[K0 + i] .. '1,0'
       else
-        set[#set + 1] = ARGV[K0 + i] .. '0,1'
+        g[sub(eh, 7, 8)] = ARGV[K0 + i] .. '0,1'
       end
     end
   end
-  return set
+  return pre
+end
+
+-- rawOf returns the e2r value of prefix p as it is in Redis, or false.
+local function rawOf(p)
+  local v = eraw[p]
+  if v == nil then
+    if cleared then v = false else v = redis.call('HGET', E2R, p) end
+    eraw[p] = v
+  end
+  return v
 end
 
 local function emark(eh)
@@ -121,12 +153,11 @@ local function eget(eh, i)
     return x
   end
   if x == nil then
-    local v = eraw[eh]
-    if v == nil and i and not cleared then v = evals[i] end
-    if v == nil then v = redis.call('HGET', E2R, eh) end
-    if v then
-      local g, h = string.match(sub(v, 9), '^(%d+),(%d+)$')
-      x = {k = sub(v, 1, 8), g = tonumber(g), h = tonumber(h)}
+    local v = rawOf(sub(eh, 1, 6))
+    local k, g, h
+    if v then k, g, h = erec(v, sub(eh, 7, 8)) end
+    if k then
+      x = {k = k, g = g, h = h}
     else
       x = false
     end
@@ -144,17 +175,39 @@ local function refs(g, h)
   return g .. ',' .. h
 end
 
+-- eflush writes every changed engine hash: the records of each prefix
+-- touched are merged with those of other engine hashes under it.
 local function eflush()
-  local set, del = fastE({}), {}
+  local pre = fastE({})
   for i = 1, #elist do
     local eh = elist[i]
     local x = ec[eh]
-    if x then
-      set[#set + 1] = eh
-      set[#set + 1] = x.k .. refs(x.g, x.h)
-    else
-      del[#del + 1] = eh
+    local p = sub(eh, 1, 6)
+    local g = pre[p] or {}
+    pre[p] = g
+    if x then g[sub(eh, 7, 8)] = x.k .. refs(x.g, x.h) else g[sub(eh, 7, 8)] = false end
+  end
+  local set, del = {}, {}
+  for p, g in pairs(pre) do
+    local out = {}
+    local v = rawOf(p)
+    if v then
+      erecs(v, function(suf, rec)
+        if g[suf] == nil then out[#out + 1] = rec end
+      end)
     end
+    for suf, r in pairs(g) do
+      if r then out[#out + 1] = suf .. r .. ';' end
+    end
+    if #out > 0 then
+      v = table.concat(out)
+      set[#set + 1] = p
+      set[#set + 1] = v
+    else
+      v = false
+      del[#del + 1] = p
+    end
+    eraw[p] = v
   end
   chunked('HSET', E2R, set)
   chunked('HDEL', E2R, del)
@@ -278,4 +331,4 @@ end
 eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', held)
-return {1, stored, removed, unknown}
+return {1, stored, removed, unknown, slot}

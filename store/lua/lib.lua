@@ -3,14 +3,16 @@
 --
 -- Every block of a model is one field of the hash P..'blk': the router key
 -- as 8 big-endian bytes -> parent key (8) | first child key (8, zero: none)
--- | extra-children flag (1) | four bitmaps over replica slots, each a length
--- byte and its bytes with trailing zero bytes trimmed (so equal sets are
--- equal strings):
+-- | shape byte (1: bit 0 extra-children flag, bit 1 set when the four
+-- bitmaps below are equal and only one is stored) | four bitmaps over
+-- replica slots (or the one), each a length byte and its bytes with
+-- trailing zero bytes trimmed (so equal sets are equal strings):
 --   RG rooted on GPU: the slot holds this block on GPU and RG at the parent
 --   RA rooted in any tier: the slot holds it in any tier and RA at the parent
 --   HG holds it on GPU, HA holds it in any tier.
 -- The root's parent is the zero key, which counts as rooted. RG|RA come
--- first so that lookup.lua compares the pair as one substring. Children
+-- first so that lookup.lua compares the pair as one substring (of a
+-- one-bitmap entry it doubles the bitmap, so equal pairs stay equal strings). Children
 -- beyond the first are kept in the set P..'k:'..<key bytes> (signed decimal
 -- members, an intset). An entry lives while some slot holds it (HA) or it
 -- has children (so that a refilled hole finds its descendants again).
@@ -129,6 +131,12 @@ local function k8(s)
 end
 
 local function decode(v)
+  local x = byte(v, 17)
+  if x >= 2 then
+    -- One bitmap stands for all four (the shape bit, 2, of byte 17).
+    local bm = sub(v, 19, 18 + byte(v, 18))
+    return {par = sub(v, 1, 8), fc = sub(v, 9, 16), x = x - 2, rg = bm, ra = bm, hg = bm, ha = bm}
+  end
   local i = 18
   local n = byte(v, i)
   local rg = sub(v, i + 1, i + n)
@@ -140,35 +148,35 @@ local function decode(v)
   local hg = sub(v, i + 1, i + n)
   i = i + 1 + n
   n = byte(v, i)
-  return {par = sub(v, 1, 8), fc = sub(v, 9, 16), x = byte(v, 17), rg = rg, ra = ra, hg = hg,
+  return {par = sub(v, 1, 8), fc = sub(v, 9, 16), x = x, rg = rg, ra = ra, hg = hg,
     ha = sub(v, i + 1, i + n)}
 end
 
--- tails caches the encoded end of entries whose bitmaps are all one set
--- (held and rooted on GPU by the same slots, nearly every entry) and of
--- those held only off GPU (RG = HG = '', RA = HA): x | RG | RA | HG | HA.
-local tails, htails = {}, {}
+-- tails caches the encoded end of entries whose four bitmaps are one set
+-- (held and rooted on GPU by the same slots, nearly every entry: shape byte
+-- x + 2, one bitmap) and of those held only off GPU (RG = HG = '', RA = HA).
+local tails, xtails, htails = {}, {}, {}
 
 local function encode(e)
   local rg, ra = e.rg, e.ra
-  if e.x == 0 and rg == e.hg and ra == e.ha then
-    if rg == ra then
-      local t = tails[rg]
-      if not t then
-        local l = char(#rg)
-        t = '\0' .. l .. rg .. l .. rg .. l .. rg .. l .. rg
-        tails[rg] = t
-      end
-      return e.par .. e.fc .. t
-    elseif rg == '' then
-      local t = htails[ra]
-      if not t then
-        local l = char(#ra)
-        t = '\0\0' .. l .. ra .. '\0' .. l .. ra
-        htails[ra] = t
-      end
-      return e.par .. e.fc .. t
+  if rg == ra and rg == e.hg and rg == e.ha then
+    local c = tails
+    if e.x == 1 then c = xtails end
+    local t = c[rg]
+    if not t then
+      t = char(e.x + 2, #rg) .. rg
+      c[rg] = t
     end
+    return e.par .. e.fc .. t
+  end
+  if e.x == 0 and rg == '' and e.hg == '' and ra == e.ha then
+    local t = htails[ra]
+    if not t then
+      local l = char(#ra)
+      t = '\0\0' .. l .. ra .. '\0' .. l .. ra
+      htails[ra] = t
+    end
+    return e.par .. e.fc .. t
   end
   return e.par .. e.fc .. char(e.x, #rg) .. rg .. char(#ra) .. ra .. char(#e.hg) .. e.hg .. char(#e.ha) .. e.ha
 end
@@ -332,19 +340,52 @@ local function fix(k, e)
   end
 end
 
+-- R's engine-hash map P..'r:'..R..':e2r' is keyed by the first 6 bytes of
+-- the engine hash (a 6-byte field and a value of up to 14 bytes fit
+-- jemalloc's 8- and 16-byte classes); the value is one record per engine
+-- hash with that prefix (nearly always one): the last 2 bytes of the
+-- engine hash, the block key (8), "<gpu refs>,<host refs>" and ';'.
+
+-- erec returns the key and counts of the record of suffix suf in the e2r
+-- value v, or nil.
+local function erec(v, suf)
+  local i, n = 1, #v
+  while i < n do
+    local j = string.find(v, ';', i + 10, true)
+    if sub(v, i, i + 1) == suf then
+      local g, h = string.match(sub(v, i + 10, j - 1), '^(%d+),(%d+)$')
+      return sub(v, i + 2, i + 9), tonumber(g), tonumber(h)
+    end
+    i = j + 1
+  end
+  return nil
+end
+
+-- erecs calls fn(suffix, record) for every record of the e2r value v.
+local function erecs(v, fn)
+  local i, n = 1, #v
+  while i < n do
+    local j = string.find(v, ';', i + 10, true)
+    fn(sub(v, i, i + 1), sub(v, i, j))
+    i = j + 1
+  end
+end
+
 -- clearSlot forgets every block the slot holds (walking R's engine-hash map
 -- e2r) and deletes e2r. Other slots' bits never depend on this one, so no
 -- propagation is needed.
 local function clearSlot(e2r)
   local all = redis.call('HGETALL', e2r)
   for i = 2, #all, 2 do
-    local k = sub(all[i], 1, 8)
-    local e = bget(k)
-    if e then
-      e.rg, e.ra, e.hg, e.ha = put(e.rg, false), put(e.ra, false), put(e.hg, false), put(e.ha, false)
-      bmark(k)
-      drop(k)
-    end
+    erecs(all[i], function(_, rec)
+      local k = sub(rec, 3, 10)
+      local e = bget(k)
+      if e then
+        e.rg, e.ra, e.hg, e.ha = put(e.rg, false), put(e.ra, false), put(e.hg, false), put(e.ha, false)
+        bmark(k)
+        drop(k)
+      end
+    end)
   end
   redis.call('DEL', e2r)
 end

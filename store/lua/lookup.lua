@@ -27,6 +27,12 @@ local function kat(p) return sub(blob, 8 * p + 1, 8 * p + 8) end
 local function evVal(v)
   if not v then return '' end
   local a = byte(v, 18)
+  if byte(v, 17) >= 2 then
+    -- One bitmap for all four: RG|RA is it twice.
+    if a == 0 then return '' end
+    local g = sub(v, 18, 18 + a)
+    return g .. g
+  end
   local b = byte(v, 19 + a)
   if a + b == 0 then return '' end
   return sub(v, 18, 19 + a + b)
