@@ -26,6 +26,13 @@ passed=$(grep -cE '^[[:space:]]*--- PASS' "$log" || true)
 failed=$(grep -cE '^[[:space:]]*--- FAIL' "$log" || true)
 skipped=$(grep -cE '^[[:space:]]*--- SKIP' "$log" || true)
 
+echo "== go test -race (the packages with concurrency)"
+rstatus=0
+# With pipefail the pipeline fails when go test does (grep always matches
+# the package lines).
+go test -race -count=1 -timeout 10m ./router ./api ./ingestor ./internal/app ./tests ./sim/replica 2>&1 \
+  | grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' || rstatus=$?
+if [ "$rstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fstatus=0
 if [ -d ingestor ] && grep -q 'func FuzzDecode' ingestor/*_test.go 2>/dev/null; then
   echo "== fuzz FuzzDecode (bounded)"
@@ -34,4 +41,4 @@ if [ -d ingestor ] && grep -q 'func FuzzDecode' ingestor/*_test.go 2>/dev/null; 
 fi
 
 echo "tests: $passed passed, $failed failed, $skipped skipped"
-[ "$status" -eq 0 ] && [ "$fstatus" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ]
