@@ -15,7 +15,6 @@ type (
 	u16 uint16
 	u32 uint32
 	u64 uint64
-	i8  int8
 	i64 int64
 	f32 float32
 )
@@ -24,7 +23,6 @@ func (v u8) EncodeMsgpack(e *msgpack.Encoder) error  { return e.EncodeUint8(uint
 func (v u16) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeUint16(uint16(v)) }
 func (v u32) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeUint32(uint32(v)) }
 func (v u64) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeUint64(uint64(v)) }
-func (v i8) EncodeMsgpack(e *msgpack.Encoder) error  { return e.EncodeInt8(int8(v)) }
 func (v i64) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeInt64(int64(v)) }
 func (v f32) EncodeMsgpack(e *msgpack.Encoder) error { return e.EncodeFloat32(float32(v)) }
 

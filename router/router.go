@@ -159,9 +159,6 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand}, nil
 }
 
-// Config returns the configuration the router runs with.
-func (r *Router) Config() Config { return r.cfg }
-
 // BlockSize is the block size used for model.
 func (r *Router) BlockSize(model string) int {
 	if bs, ok := r.cfg.BlockSizes[model]; ok && bs > 0 {

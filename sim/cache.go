@@ -24,8 +24,6 @@ func newBlockCache() *blockCache {
 	return &blockCache{idx: make(map[kvroute.BlockKey]int32), head: -1, tail: -1}
 }
 
-func (c *blockCache) size() int { return len(c.idx) }
-
 // match counts the leading keys held, pinned or not.
 func (c *blockCache) match(keys []kvroute.BlockKey) int {
 	for i, k := range keys {

@@ -158,9 +158,6 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	return a, nil
 }
 
-// Logger is the app's logger, for tasks.
-func (a *App) Logger() *slog.Logger { return a.log }
-
 // Start listens and serves in the background, and starts the tasks.
 func (a *App) Start() error {
 	ln, err := net.Listen("tcp", a.cfg.Listen)
