@@ -227,7 +227,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		o, l := overlaps[i], loads[i]
 		cands[i] = scoring.Candidate{
 			ID: rep.ID, Routable: rep.Routable(), GPU: o.GPU, Any: o.Any, Approx: o.Approx,
-			Load: scoring.Load{Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: float64(max(l.Requests, l.Running+l.Waiting))},
+			Load: scoringLoad(l),
 		}
 	}
 	maxTokens := req.MaxTokens
@@ -276,7 +276,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		}
 		if !booked {
 			loads[p] = cur
-			cands[p].Load = scoring.Load{Prefill: float64(cur.PrefillBlocks), Decode: float64(cur.DecodeBlocks), Requests: float64(max(cur.Requests, cur.Running+cur.Waiting))}
+			cands[p].Load = scoringLoad(cur)
 			continue
 		}
 		d.Expires = lease.Expires
@@ -298,6 +298,17 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		}
 	}
 	return d, nil
+}
+
+// scoringLoad is what scoring sees of a replica's load. Active requests are
+// the larger of what routers booked and what the engine reports running or
+// waiting, so that traffic bypassing kvroute still counts.
+func scoringLoad(l kvroute.Load) scoring.Load {
+	return scoring.Load{
+		Prefill:  float64(l.PrefillBlocks),
+		Decode:   float64(l.DecodeBlocks),
+		Requests: float64(max(l.Requests, l.Running+l.Waiting)),
+	}
 }
 
 // FirstToken moves a request's booking from prefill to decode.
