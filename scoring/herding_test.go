@@ -1,6 +1,7 @@
 package scoring_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -116,51 +117,68 @@ func herdingBatch(t *testing.T, cfg scoring.Config, seed uint64) batchResult {
 // TestHerding reproduces the seed's section 3: pure affinity herds every
 // request onto the warmed replica; the kv cost spreads them, finishes the
 // batch over 3× sooner and still keeps most later turns at home; credit 0
-// balances as well but loses stickiness and pays ~20% in makespan.
+// balances as well but loses stickiness and pays in makespan. The seed ran
+// Dynamo's weights, so its numbers are checked with DynamoConfig; kvroute's
+// defaults must pass the same herding checks, and credit 0 must cost them
+// at least as much makespan.
 func TestHerding(t *testing.T) {
-	for _, seed := range []uint64{7, 8, 9} {
-		t.Run("seed="+string(rune('0'+seed)), func(t *testing.T) {
-			cfg := scoring.DefaultConfig()
-			kv := herdingBatch(t, cfg, seed)
-			cfg.Policy = scoring.PolicyPureAffinity
-			pa := herdingBatch(t, cfg, seed)
-			zeroCfg := scoring.DefaultConfig()
-			zeroCfg.OverlapCredit = 0
-			zero := herdingBatch(t, zeroCfg, seed)
-			t.Logf("pure-affinity placed %v cv %.3f; kv placed %v cv %.3f makespan %.0f→%.0f (%.2fx) sticky %.1f%%; credit 0 sticky %.1f%% makespan %.0f (%.2fx)",
-				pa.placed, pa.cv(), kv.placed, kv.cv(), pa.makespan(), kv.makespan(), pa.makespan()/kv.makespan(),
-				100*kv.sticky, 100*zero.sticky, zero.makespan(), zero.makespan()/kv.makespan())
+	for _, tc := range []struct {
+		name string
+		cfg  scoring.Config
+		seed bool // the seed's own makespan band applies
+	}{
+		{"dynamo", scoring.DynamoConfig(), true},
+		{"defaults", scoring.DefaultConfig(), false},
+	} {
+		for _, seed := range []uint64{7, 8, 9} {
+			t.Run(fmt.Sprintf("%s/seed=%d", tc.name, seed), func(t *testing.T) {
+				cfg := tc.cfg
+				kv := herdingBatch(t, cfg, seed)
+				cfg.Policy = scoring.PolicyPureAffinity
+				pa := herdingBatch(t, cfg, seed)
+				zeroCfg := tc.cfg
+				zeroCfg.OverlapCredit = 0
+				zero := herdingBatch(t, zeroCfg, seed)
+				t.Logf("pure-affinity placed %v cv %.3f; kv placed %v cv %.3f makespan %.0f→%.0f (%.2fx) sticky %.1f%%; credit 0 sticky %.1f%% makespan %.0f (%.2fx)",
+					pa.placed, pa.cv(), kv.placed, kv.cv(), pa.makespan(), kv.makespan(), pa.makespan()/kv.makespan(),
+					100*kv.sticky, 100*zero.sticky, zero.makespan(), zero.makespan()/kv.makespan())
 
-			if got, want := pa.placed[0], pa.requests; got != want {
-				t.Errorf("pure affinity: replica 0 got %d requests, want all %d", got, want)
-			}
-			for i, n := range kv.placed {
-				if share := float64(n) / float64(kv.requests); share >= 0.40 {
-					t.Errorf("kv: replica %d got %.0f%% of requests, want < 40%%", i, 100*share)
+				if got, want := pa.placed[0], pa.requests; got != want {
+					t.Errorf("pure affinity: replica 0 got %d requests, want all %d", got, want)
 				}
-			}
-			if got := kv.cv(); got >= 0.10 {
-				t.Errorf("kv backlog CV = %.3f, want < 0.10", got)
-			}
-			if got := pa.makespan() / kv.makespan(); got < 3 {
-				t.Errorf("makespan speedup = %.2f, want >= 3", got)
-			}
-			if kv.sticky <= 0.60 {
-				t.Errorf("kv stickiness = %.1f%%, want > 60%%", 100*kv.sticky)
-			}
-			if zero.sticky >= 0.35 {
-				t.Errorf("credit-0 stickiness = %.1f%%, want < 35%%", 100*zero.sticky)
-			}
-			// The seed's 1.15..1.25 band is a property of its own draw
-			// (seed 7, 1.20x there, 1.23x here); other draws land at
-			// 1.22..1.26x, so they get a band that still proves the point.
-			lo, hi := 1.15, 1.25
-			if seed != 7 {
-				lo, hi = 1.10, 1.35
-			}
-			if got := zero.makespan() / kv.makespan(); got < lo || got > hi {
-				t.Errorf("credit-0 makespan penalty = %.2fx, want %.2f..%.2f", got, lo, hi)
-			}
-		})
+				for i, n := range kv.placed {
+					if share := float64(n) / float64(kv.requests); share >= 0.40 {
+						t.Errorf("kv: replica %d got %.0f%% of requests, want < 40%%", i, 100*share)
+					}
+				}
+				if got := kv.cv(); got >= 0.10 {
+					t.Errorf("kv backlog CV = %.3f, want < 0.10", got)
+				}
+				if got := pa.makespan() / kv.makespan(); got < 3 {
+					t.Errorf("makespan speedup = %.2f, want >= 3", got)
+				}
+				if kv.sticky <= 0.60 {
+					t.Errorf("kv stickiness = %.1f%%, want > 60%%", 100*kv.sticky)
+				}
+				if zero.sticky >= 0.35 {
+					t.Errorf("credit-0 stickiness = %.1f%%, want < 35%%", 100*zero.sticky)
+				}
+				// The seed's 1.15..1.25 band is a property of its own draw
+				// (seed 7, 1.20x there, 1.23x here); other draws land at
+				// 1.22..1.26x, so they get a band that still proves the point.
+				// Higher credits re-do less prefill, so for the defaults
+				// credit 0 only has to cost at least the seed's 1.15x.
+				lo, hi := 1.15, 1.25
+				switch {
+				case !tc.seed:
+					hi = 2
+				case seed != 7:
+					lo, hi = 1.10, 1.35
+				}
+				if got := zero.makespan() / kv.makespan(); got < lo || got > hi {
+					t.Errorf("credit-0 makespan penalty = %.2fx, want %.2f..%.2f", got, lo, hi)
+				}
+			})
+		}
 	}
 }

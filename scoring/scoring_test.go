@@ -26,7 +26,8 @@ func pick(t *testing.T, cfg scoring.Config, req scoring.Request, cs []scoring.Ca
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
-// TestCostFormula checks Dynamo's documented formula term by term.
+// TestCostFormula checks Dynamo's documented formula term by term, from
+// Dynamo's own weights (DynamoConfig) so the expected figures are the seed's.
 func TestCostFormula(t *testing.T) {
 	tests := []struct {
 		name string
@@ -83,7 +84,7 @@ func TestCostFormula(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := scoring.DefaultConfig()
+			cfg := scoring.DynamoConfig()
 			if tt.cfg != nil {
 				tt.cfg(&cfg)
 			}
@@ -111,8 +112,8 @@ func TestCostFormula(t *testing.T) {
 func TestDecayExample(t *testing.T) {
 	cs := []scoring.Candidate{cand("a", 6, 0, 0), cand("b", 6, 8, 0)}
 	req := scoring.Request{Blocks: 8}
-	plain := pick(t, scoring.DefaultConfig(), req, cs)
-	cfg := scoring.DefaultConfig()
+	plain := pick(t, scoring.DynamoConfig(), req, cs)
+	cfg := scoring.DynamoConfig()
 	cfg.CreditDecay = 1
 	decayed := pick(t, cfg, req, cs)
 	if got, want := plain.Scores[1].Cost, 8.0+8-6; !near(got, want) {
@@ -276,5 +277,26 @@ func TestConfigValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want ok=%v", err, tt.ok)
 			}
 		})
+	}
+}
+
+// TestDefaults pins kvroute's defaults to Dynamo's apart from the two
+// weights measured better on the simulator (see DefaultConfig).
+func TestDefaults(t *testing.T) {
+	got, want := scoring.DefaultConfig(), scoring.DynamoConfig()
+	if got.OverlapCredit != 4 || got.PrefillLoadScale != 2 {
+		t.Errorf("defaults: credit %v, prefill scale %v, want 4, 2", got.OverlapCredit, got.PrefillLoadScale)
+	}
+	want.OverlapCredit, want.PrefillLoadScale = got.OverlapCredit, got.PrefillLoadScale
+	if got != want {
+		t.Errorf("defaults differ from Dynamo's beyond credit and scale:\n got %+v\nwant %+v", got, want)
+	}
+	for name, c := range map[string]scoring.Config{"default": scoring.DefaultConfig(), "dynamo": scoring.DynamoConfig()} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s config invalid: %v", name, err)
+		}
+	}
+	if d := scoring.DynamoConfig(); d.OverlapCredit != 1 || d.CreditDecay != 0 || d.PrefillLoadScale != 1 || d.DecodeRequestWeight != 0 || d.HostWeight != 0.75 {
+		t.Errorf("Dynamo config = %+v, want credit 1, decay 0, scale 1, request weight 0, host 0.75", d)
 	}
 }

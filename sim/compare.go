@@ -75,12 +75,19 @@ func ParsePolicies(s string) ([]scoring.Policy, error) {
 // ParseWeights applies "name=value,..." to base, naming fields by their
 // scoring.Config JSON names (overlap_credit, credit_decay,
 // prefill_load_scale, decode_request_weight, host_weight, approx_weight,
-// balance_abs, balance_rel, cache_threshold, virtual_nodes).
+// balance_abs, balance_rel, cache_threshold, virtual_nodes). The word
+// "dynamo" resets every weight to Dynamo's defaults (scoring.DynamoConfig),
+// so "dynamo,overlap_credit=2" compares against Dynamo's other weights.
 func ParseWeights(base scoring.Config, s string) (scoring.Config, error) {
 	c := base
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
+			continue
+		}
+		if f == "dynamo" {
+			c = scoring.DynamoConfig()
+			c.Policy = base.Policy
 			continue
 		}
 		name, val, ok := strings.Cut(f, "=")
@@ -117,11 +124,11 @@ func ParseWeights(base scoring.Config, s string) (scoring.Config, error) {
 // WriteTable prints one row per report.
 func WriteTable(w io.Writer, reports []Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\thit%\tphantom%\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\tmakespan s\tload CV\tsticky%\t")
+	fmt.Fprintln(tw, "policy\thit%\tphantom%\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\tmakespan s\tload CV\tCV 0.5s\tsticky%\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.3f\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.3f\t%.3f\t%.1f\t\n",
 			r.Policy, 100*r.HitRate, 100*r.PhantomHitRate, r.TTFT.P50, r.TTFT.P99, r.E2E.P50, r.E2E.P99,
-			r.MakespanS, r.LoadCV, 100*r.Stickiness)
+			r.MakespanS, r.LoadCV, r.LoadCVBinned, 100*r.Stickiness)
 	}
 	return tw.Flush()
 }

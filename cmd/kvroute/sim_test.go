@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// simJSON runs `kvroute sim` with args plus --json and no chart.
+func simJSON(t *testing.T, args ...string) simOutput {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	args = append(args, "--json", "--svg", "")
+	if err := runSim(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("sim %v: %v\n%s", args, err, stderr.String())
+	}
+	var out simOutput
+	if err := json.Unmarshal([]byte(stdout.String()), &out); err != nil {
+		t.Fatalf("sim %v: bad JSON: %v", args, err)
+	}
+	return out
+}
+
+func TestSim(t *testing.T) {
+	t.Run("default decode booking is the service's", func(t *testing.T) {
+		// The router books a request's output blocks as decode load; the
+		// simulator must default to the same view, or its tables describe
+		// a router nobody runs.
+		def := simJSON(t, "--workload", "herding", "--policies", "kv")
+		out := simJSON(t, "--workload", "herding", "--policies", "kv", "--decode-booking", "output")
+		if got, want := def.Reports[0].HitRate, out.Reports[0].HitRate; got != want {
+			t.Errorf("default hit rate %v, with --decode-booking output %v", got, want)
+		}
+		if got, want := def.Reports[0].MakespanS, out.Reports[0].MakespanS; got != want {
+			t.Errorf("default makespan %v, with --decode-booking output %v", got, want)
+		}
+	})
+	t.Run("defaults are scoring's", func(t *testing.T) {
+		got := simJSON(t, "--workload", "agentic", "--policies", "kv").Reports[0].Weights
+		if want := scoring.DefaultConfig(); got != want {
+			t.Errorf("weights %+v, want %+v", got, want)
+		}
+	})
+	t.Run("dynamo weights", func(t *testing.T) {
+		got := simJSON(t, "--workload", "agentic", "--policies", "kv", "--weights", "dynamo,credit_decay=0.5").Reports[0].Weights
+		want := scoring.DynamoConfig()
+		want.CreditDecay = 0.5
+		if got != want {
+			t.Errorf("weights %+v, want %+v", got, want)
+		}
+	})
+	t.Run("table and chart", func(t *testing.T) {
+		svg := filepath.Join(t.TempDir(), "sim.svg")
+		var stdout, stderr strings.Builder
+		if err := runSim(context.Background(), []string{"--workload", "herding", "--replicas", "4", "--svg", svg}, &stdout, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"hit%", "TTFT p99 ms", "load CV", "CV 0.5s", "pure-affinity"} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("table lacks %q:\n%s", want, stdout.String())
+			}
+		}
+		b, err := os.ReadFile(svg)
+		if err != nil || !strings.Contains(string(b), "</svg>") {
+			t.Errorf("chart not written: %v", err)
+		}
+	})
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no workload", nil, "exactly one of"},
+		{"both workloads", []string{"--workload", "herding", "--trace", "x.jsonl"}, "exactly one of"},
+		{"unknown workload", []string{"--workload", "nope"}, "unknown workload"},
+		{"bad booking", []string{"--workload", "herding", "--decode-booking", "both"}, "decode booking"},
+		{"bad weight", []string{"--workload", "herding", "--weights", "overlap_credit=-1"}, "overlap_credit"},
+		{"missing trace", []string{"--trace", "/nonexistent.jsonl"}, "no such file"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			err := runSim(context.Background(), append(tt.args, "--svg", ""), &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("err = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
