@@ -69,6 +69,11 @@ type Replica struct {
 	Health Health            `json:"health,omitempty"`
 	// Checked is when Health was last set; zero means never probed.
 	Checked time.Time `json:"checked,omitzero"`
+	// BlockSize is the tokens per KV block the replica reports (vLLM's
+	// cache_config_info, scraped by the ingestor), 0 if unknown. Requests
+	// must be keyed with the block size the replica's events are keyed
+	// with, or no lookup ever matches; the replica knows it best.
+	BlockSize int `json:"block_size,omitempty"`
 }
 
 // Routable reports whether the replica may receive traffic. A replica nobody
@@ -87,9 +92,16 @@ func (r Replica) Validate() error {
 		return &FieldError{Field: "model", Msg: "is required"}
 	case r.URL == "":
 		return &FieldError{Field: "url", Msg: "is required"}
+	case r.BlockSize < 0 || r.BlockSize > MaxBlockSize:
+		return &FieldError{Field: "block_size", Msg: fmt.Sprintf("must be in 0..%d (0: unknown)", MaxBlockSize)}
 	}
 	return nil
 }
+
+// MaxBlockSize bounds a replica's reported block size: vLLM's are 1 to a
+// few hundred tokens (the Mooncake trace's 512 is the largest seen), so
+// anything far above is a misread, not a cache layout.
+const MaxBlockSize = 1 << 16
 
 func validID(s string) bool {
 	if len(s) > 128 {

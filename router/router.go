@@ -43,8 +43,10 @@ type Registry interface {
 // Config is the router's tuning.
 type Config struct {
 	Scoring scoring.Config
-	// BlockSize is the tokens per block for models not in BlockSizes.
-	BlockSize  int
+	// BlockSize is the tokens per block for a model that is neither in
+	// BlockSizes nor served by replicas that agree on a reported size.
+	BlockSize int
+	// BlockSizes pins a model's block size over what its replicas report.
 	BlockSizes map[string]int
 	// Seed is mixed into every block key (the KeySpace seed).
 	Seed uint64
@@ -159,10 +161,28 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand}, nil
 }
 
-// BlockSize is the block size used for model.
-func (r *Router) BlockSize(model string) int {
+// BlockSize is the block size requests for model are keyed with, given the
+// model's replicas: a size pinned in BlockSizes, else the size every
+// replica that reported one agrees on, else the configured default. The
+// index is keyed with the size in the replicas' own events, so a reported
+// size beats a configured guess; replicas that disagree cannot all be
+// matched, and the default is used.
+func (r *Router) BlockSize(model string, fleet []kvroute.Replica) int {
 	if bs, ok := r.cfg.BlockSizes[model]; ok && bs > 0 {
 		return bs
+	}
+	reported := 0
+	for _, rep := range fleet {
+		switch {
+		case rep.BlockSize <= 0:
+		case reported == 0:
+			reported = rep.BlockSize
+		case rep.BlockSize != reported:
+			return r.cfg.BlockSize
+		}
+	}
+	if reported > 0 {
+		return reported
 	}
 	return r.cfg.BlockSize
 }
@@ -199,7 +219,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	if len(fleet) == 0 {
 		return Decision{}, fmt.Errorf("router: model %q: %w", req.Model, kvroute.ErrNotFound)
 	}
-	bs := r.BlockSize(req.Model)
+	bs := r.BlockSize(req.Model, fleet)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
 	d := Decision{RequestID: r.newID(), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
 

@@ -319,3 +319,54 @@ func TestStoreBackoff(t *testing.T) {
 		t.Errorf("after the backoff: degraded=%v err=%v, want a normal decision", d.Degraded, err)
 	}
 }
+
+// TestBlockSize checks which block size a request is keyed with: the index
+// holds keys of the size in the replicas' events, so the size they report
+// wins over the configured default unless the model's size is pinned.
+func TestBlockSize(t *testing.T) {
+	rep := func(bs int) kvroute.Replica { return kvroute.Replica{ID: "r", Model: "m", URL: "http://x", BlockSize: bs} }
+	tests := []struct {
+		name   string
+		pinned map[string]int
+		fleet  []kvroute.Replica
+		want   int
+	}{
+		{"nothing reported", nil, []kvroute.Replica{rep(0), rep(0)}, 16},
+		{"reported", nil, []kvroute.Replica{rep(32), rep(32)}, 32},
+		{"some reported", nil, []kvroute.Replica{rep(0), rep(64)}, 64},
+		{"replicas disagree", nil, []kvroute.Replica{rep(32), rep(64)}, 16},
+		{"pinned beats reported", map[string]int{"m": 8}, []kvroute.Replica{rep(32)}, 8},
+		{"pinned for another model", map[string]int{"other": 8}, []kvroute.Replica{rep(32)}, 32},
+		{"empty fleet", nil, nil, 16},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := router.DefaultConfig()
+			cfg.BlockSizes = tt.pinned
+			r, err := router.New(newFake(), &fakeRegistry{}, cfg, router.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.BlockSize("m", tt.fleet); got != tt.want {
+				t.Errorf("BlockSize = %d, want %d", got, tt.want)
+			}
+		})
+	}
+	t.Run("decision keyed with the reported size", func(t *testing.T) {
+		reg := fleet(2, true)
+		for i := range reg.list {
+			reg.list[i].BlockSize = 32
+		}
+		r := newRouter(t, newFake(), reg, time.Now)
+		d, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: tokens(1, 100)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := d.BlockSize, 32; got != want {
+			t.Errorf("decision block size = %d, want %d", got, want)
+		}
+		if got, want := d.PromptBlocks, 100/32; got != want {
+			t.Errorf("prompt blocks = %d, want %d", got, want)
+		}
+	})
+}
