@@ -324,7 +324,9 @@ func TestStoreBackoff(t *testing.T) {
 // holds keys of the size in the replicas' events, so the size they report
 // wins over the configured default unless the model's size is pinned.
 func TestBlockSize(t *testing.T) {
-	rep := func(bs int) kvroute.Replica { return kvroute.Replica{ID: "r", Model: "m", URL: "http://x", BlockSize: bs} }
+	rep := func(bs int) kvroute.Replica {
+		return kvroute.Replica{ID: "r", Model: "m", URL: "http://x", BlockSize: bs}
+	}
 	tests := []struct {
 		name   string
 		pinned map[string]int
