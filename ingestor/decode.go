@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
+	"sync"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
@@ -215,7 +217,10 @@ func decodeParts(topic, seq, payload []byte) (Batch, error) {
 		return Batch{}, reject(RejectSeq, "seq frame is %d bytes", len(seq))
 	}
 	b := Batch{Topic: string(topic), Seq: binary.BigEndian.Uint64(seq), Digest: xxhash.Sum64(payload) | 1}
-	if err := decodePayload(&b, payload); err != nil {
+	st := decoders.Get().(*decoder)
+	err := st.payload(&b, payload)
+	decoders.Put(st)
+	if err != nil {
 		return Batch{}, &DecodeError{Reason: RejectPayload, Err: err}
 	}
 	return b, nil
@@ -224,19 +229,73 @@ func decodeParts(topic, seq, payload []byte) (Batch, error) {
 // maxDepth bounds nesting so that a hostile payload cannot exhaust the stack.
 const maxDepth = 16
 
-// decodePayload reads the batch: [ts, events, dp_rank?] or
-// {"ts", "events", "data_parallel_rank"}. Each event is first taken as raw
-// bytes so that one bad event cannot spoil its neighbours.
-func decodePayload(b *Batch, payload []byte) error {
-	d := msgpack.NewDecoder(bytes.NewReader(payload))
+var errTooDeep = errors.New("nested too deep")
+
+// decoder reads one payload in a single pass, straight into typed events:
+// most of a batch is token ids and hashes, and decoding each event into
+// generic values first (map[string]any, []any) made decoding the costliest
+// step of ingestion. It drives msgpack's Decoder over a bytes.Reader, which msgpack reads
+// without buffering ahead, so the reader's offset is the decoder's: strings
+// are sliced from the payload in place, and an event that turns out bad
+// half-way is re-read from its start to tell a malformed event (skipped)
+// from a payload that is not msgpack (rejected).
+type decoder struct {
+	d   *msgpack.Decoder
+	r   bytes.Reader
+	buf []byte
+}
+
+var decoders = sync.Pool{New: func() any {
+	st := new(decoder)
+	st.d = msgpack.NewDecoder(&st.r)
+	return st
+}}
+
+func (st *decoder) offset() int { return int(st.r.Size()) - st.r.Len() }
+
+func (st *decoder) seek(off int) {
+	// Seek within the payload cannot fail.
+	_, _ = st.r.Seek(int64(off), io.SeekStart)
+}
+
+// fits fails when n elements of at least one byte each cannot follow, so
+// that a forged length never sizes an allocation beyond the payload's.
+func (st *decoder) fits(n int) error {
+	if n > st.r.Len() {
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
+
+// strBytes reads a str or bin, whose code the caller peeked, as a slice of
+// the payload.
+func (st *decoder) strBytes() ([]byte, error) {
+	n, err := st.d.DecodeBytesLen()
+	if err != nil || n <= 0 {
+		return nil, err
+	}
+	if err := st.fits(n); err != nil {
+		return nil, err
+	}
+	off := st.offset()
+	st.seek(off + n)
+	return st.buf[off : off+n], nil
+}
+
+// payload reads the batch: [ts, events, dp_rank?] or
+// {"ts", "events", "data_parallel_rank"}.
+func (st *decoder) payload(b *Batch, payload []byte) error {
+	st.buf = payload
+	st.r.Reset(payload)
+	defer func() { st.buf = nil; st.r.Reset(nil) }()
+	d := st.d
 	c, err := d.PeekCode()
 	if err != nil {
 		return fmt.Errorf("batch: %w", err)
 	}
 	var ts, rank any
-	var events []msgpack.RawMessage
 	switch {
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case isArray(c):
 		n, err := d.DecodeArrayLen()
 		if err != nil {
 			return fmt.Errorf("batch: %w", err)
@@ -247,7 +306,7 @@ func decodePayload(b *Batch, payload []byte) error {
 		if ts, err = decodeValue(d, 0); err != nil {
 			return fmt.Errorf("batch ts: %w", err)
 		}
-		if events, err = decodeRawList(d); err != nil {
+		if err := st.events(b); err != nil {
 			return fmt.Errorf("batch events: %w", err)
 		}
 		if n >= 3 {
@@ -260,7 +319,7 @@ func decodePayload(b *Batch, payload []byte) error {
 				return fmt.Errorf("batch: %w", err)
 			}
 		}
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case isMap(c):
 		n, err := d.DecodeMapLen()
 		if err != nil {
 			return fmt.Errorf("batch: %w", err)
@@ -275,7 +334,7 @@ func decodePayload(b *Batch, payload []byte) error {
 			case "ts":
 				ts, err = decodeValue(d, 0)
 			case "events":
-				events, err = decodeRawList(d)
+				err = st.events(b)
 				seen = true
 			case "data_parallel_rank":
 				rank, err = decodeValue(d, 0)
@@ -301,44 +360,660 @@ func decodePayload(b *Batch, payload []byte) error {
 		ri := int(r)
 		b.DPRank = &ri
 	}
-	for _, raw := range events {
-		ev, reason := decodeEvent(raw)
+	return nil
+}
+
+// events reads the events array (or nil) into b, replacing what an earlier
+// "events" key of a map batch left. A bad event is skipped and counted; only
+// a payload that is not msgpack at all fails the batch.
+func (st *decoder) events(b *Batch) error {
+	b.Events, b.Skipped = nil, nil
+	n, err := st.d.DecodeArrayLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		start := st.offset()
+		ev, reason, err := st.event()
+		if err != nil {
+			// Nested too deep, or cut short: skip the event whole, which
+			// only a structural error can fail.
+			st.seek(start)
+			if err := st.d.Skip(); err != nil {
+				return err
+			}
+			reason = SkipMalformed
+		}
 		if reason != "" {
 			b.skip(reason)
 			continue
+		}
+		if b.Events == nil {
+			// Sized by what the payload can still hold, not by a count
+			// it may have forged.
+			b.Events = make([]Event, 0, min(n-i, st.r.Len()+1))
 		}
 		b.Events = append(b.Events, ev)
 	}
 	return nil
 }
 
-// decodeRawList reads an array (or nil) as its elements' raw bytes.
-func decodeRawList(d *msgpack.Decoder) ([]msgpack.RawMessage, error) {
+// Event fields, in the order their checks run: an event with several bad
+// fields is counted under the first one's reason.
+const (
+	fHashes = iota
+	fParent
+	fTokens
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtra
+	fGroup
+	fSpecKind
+	nFields
+
+	fNone = -1 // a field decoding ignores
+)
+
+// Positional field order of the array encoding (index 0 is the type name);
+// kv_cache_spec_sliding_window and anything after are ignored.
+var (
+	storedFields  = []int{fHashes, fParent, fTokens, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtra, fGroup, fSpecKind}
+	removedFields = []int{fHashes, fMedium, fGroup}
+)
+
+// fieldOf returns the field a map event's key names, fNone for a key this
+// decoder ignores.
+func fieldOf(name []byte) int {
+	switch string(name) {
+	case "block_hashes":
+		return fHashes
+	case "parent_block_hash":
+		return fParent
+	case "token_ids":
+		return fTokens
+	case "block_size":
+		return fBlockSize
+	case "lora_id":
+		return fLoRAID
+	case "medium":
+		return fMedium
+	case "lora_name":
+		return fLoRAName
+	case "extra_keys":
+		return fExtra
+	case "group_idx":
+		return fGroup
+	case "kv_cache_spec_kind":
+		return fSpecKind
+	}
+	return fNone
+}
+
+// kindOf returns the kind an event's type names, 0 for an unknown type.
+func kindOf(name []byte) EventKind {
+	switch string(name) {
+	case "BlockStored":
+		return BlockStored
+	case "BlockRemoved":
+		return BlockRemoved
+	case "AllBlocksCleared":
+		return AllBlocksCleared
+	}
+	return 0
+}
+
+// fields are one event's fields as read. bad[f] is the skip reason field
+// f earned ("" when usable), kept apart so that the verdict follows the
+// fixed check order whatever order a map event lists its keys in; a key
+// given twice keeps its last value, as a map does. A missing field reads as
+// nil.
+type fields struct {
+	ev  Event
+	bad [nFields]string
+}
+
+// event reads one event of either encoding. It returns a skip reason for a
+// bad event, and an error when the event nests too deep or the payload
+// ends: the caller then skips the event whole.
+func (st *decoder) event() (Event, string, error) {
+	d := st.d
+	c, err := d.PeekCode()
+	if err != nil {
+		return Event{}, "", err
+	}
+	var f fields
+	f.bad[fHashes] = SkipMalformed // missing, as nil, until read
+	var kind EventKind
+	typed := false // the type is a string (known or not)
+	switch {
+	case isArray(c):
+		n, err := d.DecodeArrayLen()
+		if err != nil {
+			return Event{}, "", err
+		}
+		if n == 0 {
+			return Event{}, SkipMalformed, nil
+		}
+		if kind, typed, err = st.typeName(); err != nil {
+			return Event{}, "", err
+		}
+		var order []int
+		switch kind {
+		case BlockStored:
+			order = storedFields
+		case BlockRemoved:
+			order = removedFields
+		}
+		for i := 1; i < n; i++ {
+			id := fNone
+			if i-1 < len(order) {
+				id = order[i-1]
+			}
+			if err := st.field(&f, id); err != nil {
+				return Event{}, "", err
+			}
+		}
+	case isMap(c):
+		n, err := d.DecodeMapLen()
+		if err != nil {
+			return Event{}, "", err
+		}
+		for i := 0; i < n; i++ {
+			c, err := d.PeekCode()
+			if err != nil {
+				return Event{}, "", err
+			}
+			if !msgpcode.IsString(c) {
+				// Entries with non-string keys are ignored.
+				if err := walk(d, 1); err != nil {
+					return Event{}, "", err
+				}
+				if err := walk(d, 1); err != nil {
+					return Event{}, "", err
+				}
+				continue
+			}
+			key, err := st.strBytes()
+			if err != nil {
+				return Event{}, "", err
+			}
+			if string(key) == "type" {
+				kind, typed, err = st.typeName()
+			} else {
+				err = st.field(&f, fieldOf(key))
+			}
+			if err != nil {
+				return Event{}, "", err
+			}
+		}
+	default:
+		// A scalar, string or extension where an event belongs.
+		if err := walk(d, 0); err != nil {
+			return Event{}, "", err
+		}
+		return Event{}, SkipMalformed, nil
+	}
+	if !typed {
+		return Event{}, SkipMalformed, nil
+	}
+	var ev Event
+	var reason string
+	switch kind {
+	case BlockStored:
+		ev, reason = f.stored()
+	case BlockRemoved:
+		ev, reason = f.removed()
+	case AllBlocksCleared:
+		ev = Event{Kind: AllBlocksCleared}
+	default:
+		reason = SkipUnknownType
+	}
+	return ev, reason, nil
+}
+
+// typeName reads an event's type; typed is false when it is not a string.
+func (st *decoder) typeName() (kind EventKind, typed bool, err error) {
+	c, err := st.d.PeekCode()
+	if err != nil {
+		return 0, false, err
+	}
+	if !msgpcode.IsString(c) {
+		return 0, false, walk(st.d, 1)
+	}
+	name, err := st.strBytes()
+	return kindOf(name), true, err
+}
+
+// stored returns the BlockStored event f holds, or the skip reason of its
+// first bad field.
+func (f *fields) stored() (Event, string) {
+	for _, id := range []int{fHashes, fParent, fTokens, fBlockSize} {
+		if f.bad[id] != "" {
+			return Event{}, f.bad[id]
+		}
+	}
+	ev := f.ev
+	if len(ev.TokenIDs) > 0 {
+		// Keys are derived from tokens: a count that does not match the
+		// hashes would shift every key after it.
+		if ev.BlockSize == 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
+			return Event{}, SkipTokenCount
+		}
+	}
+	for _, id := range []int{fLoRAID, fMedium, fLoRAName, fExtra, fGroup, fSpecKind} {
+		if f.bad[id] != "" {
+			return Event{}, f.bad[id]
+		}
+	}
+	ev.Kind = BlockStored
+	return ev, ""
+}
+
+// removed returns the BlockRemoved event f holds, or the skip reason of its
+// first bad field; the fields a BlockRemoved does not carry are ignored.
+func (f *fields) removed() (Event, string) {
+	for _, id := range []int{fHashes, fMedium, fGroup} {
+		if f.bad[id] != "" {
+			return Event{}, f.bad[id]
+		}
+	}
+	return Event{Kind: BlockRemoved, BlockHashes: f.ev.BlockHashes, Medium: f.ev.Medium,
+		HasGroup: f.ev.HasGroup, GroupIdx: f.ev.GroupIdx}, ""
+}
+
+// field reads the value of field id (fNone: a value to step over) into f.
+// Values are one level below the event.
+func (st *decoder) field(f *fields, id int) error {
+	d, ev := st.d, &f.ev
+	if id == fNone {
+		return walk(d, 1)
+	}
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	f.bad[id] = ""
+	if c == msgpcode.Nil && id != fHashes {
+		// nil is the default of every field but block_hashes.
+		switch id {
+		case fParent:
+			ev.HasParent, ev.Parent = false, 0
+		case fTokens:
+			ev.TokenIDs = nil
+		case fBlockSize:
+			ev.BlockSize = 0
+		case fLoRAID:
+			ev.HasLoRAID, ev.LoRAID = false, 0
+		case fMedium:
+			ev.Medium = ""
+		case fLoRAName:
+			ev.LoRAName = ""
+		case fExtra:
+			ev.ExtraKeys = nil
+		case fGroup:
+			ev.HasGroup, ev.GroupIdx = false, 0
+		case fSpecKind:
+			ev.SpecKind = ""
+		}
+		return d.DecodeNil()
+	}
+	var ok bool
+	switch id {
+	case fHashes:
+		ev.BlockHashes, f.bad[id], err = st.hashes()
+		return err
+	case fParent:
+		ev.Parent, ok, err = st.hash(1)
+		ev.HasParent = ok
+		if !ok {
+			f.bad[id] = SkipBadHash
+		}
+		return err
+	case fTokens:
+		ev.TokenIDs, f.bad[id], err = st.tokens()
+		return err
+	case fBlockSize:
+		var n int64
+		n, ok, err = st.int(1)
+		ev.BlockSize = int(n)
+		ok = ok && n >= 0 && n <= 1<<20
+	case fLoRAID:
+		ev.LoRAID, ok, err = st.int(1)
+		ev.HasLoRAID = ok
+	case fGroup:
+		ev.GroupIdx, ok, err = st.int(1)
+		ev.HasGroup = ok
+	case fMedium:
+		ev.Medium, ok, err = st.optString()
+	case fLoRAName:
+		ev.LoRAName, ok, err = st.optString()
+	case fSpecKind:
+		ev.SpecKind, ok, err = st.optString()
+	case fExtra:
+		ev.ExtraKeys, ok, err = st.extraKeys()
+	}
+	if !ok {
+		f.bad[id] = SkipMalformed
+	}
+	return err
+}
+
+// hashes reads block_hashes: a list of engine hashes, else the event is
+// malformed; a list with an unusable hash has a bad hash.
+func (st *decoder) hashes() ([]uint64, string, error) {
+	c, err := st.d.PeekCode()
+	if err != nil {
+		return nil, "", err
+	}
+	if !isArray(c) {
+		return nil, SkipMalformed, walk(st.d, 1)
+	}
+	n, err := st.d.DecodeArrayLen()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := st.fits(n); err != nil {
+		return nil, "", err
+	}
+	out := make([]uint64, n)
+	reason := ""
+	for i := 0; ; i++ {
+		if i += uints(st, out[i:]); i == n {
+			return out, reason, nil
+		}
+		h, ok, err := st.hash(2)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok {
+			reason = SkipBadHash
+		}
+		out[i] = h
+	}
+}
+
+// hash reads one engine hash at depth: integers of any width (negative
+// ones reinterpreted as their two's complement), or bytes/str digests of
+// which the last 8 bytes are read big-endian, as vLLM does for its int
+// form. ok is false for anything else, which is stepped over.
+func (st *decoder) hash(depth int) (h uint64, ok bool, err error) {
+	d := st.d
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, false, err
+	}
+	switch {
+	case isInt(c):
+		n, err := d.DecodeInt64()
+		return uint64(n), err == nil, err
+	case c == msgpcode.Uint64:
+		u, err := d.DecodeUint64()
+		return u, err == nil, err
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		b, err := st.strBytes()
+		if err != nil {
+			return 0, false, err
+		}
+		h, ok := digestTail(b)
+		return h, ok, nil
+	}
+	return 0, false, walk(d, depth)
+}
+
+// tokens reads token_ids: a list of ids in uint32 range, else the event is
+// malformed.
+func (st *decoder) tokens() ([]uint32, string, error) {
+	c, err := st.d.PeekCode()
+	if err != nil {
+		return nil, "", err
+	}
+	if !isArray(c) {
+		return nil, SkipMalformed, walk(st.d, 1)
+	}
+	n, err := st.d.DecodeArrayLen()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := st.fits(n); err != nil {
+		return nil, "", err
+	}
+	out := make([]uint32, n)
+	reason := ""
+	for i := 0; ; i++ {
+		// The fast path stops at anything else; msgpack reads that one.
+		if i += uints(st, out[i:]); i == n {
+			return out, reason, nil
+		}
+		t, ok, err := st.int(2)
+		if err != nil {
+			return nil, "", err
+		}
+		if !ok || t < 0 || t > math.MaxUint32 {
+			reason = SkipMalformed
+		}
+		out[i] = uint32(t)
+	}
+}
+
+// uints reads into out, in place, the values ahead that are unsigned
+// integers that fit a T, in any of msgpack's unsigned forms (fixint, uint8
+// to uint64): the forms of nearly every token id and engine hash. It
+// returns how many it read, stopping at any other value, or a truncated
+// one, which the caller then reads through msgpack. Going through msgpack's
+// byte-at-a-time reader cost several times more than the rest of decoding
+// together.
+func uints[T uint32 | uint64](st *decoder, out []T) int {
+	max := uint64(^T(0))
+	b, p := st.buf, st.offset()
+	i := 0
+	for ; i < len(out) && p < len(b); i++ {
+		switch c := b[p]; {
+		case c <= msgpcode.PosFixedNumHigh:
+			out[i], p = T(c), p+1
+		case c == msgpcode.Uint8 && p+2 <= len(b):
+			out[i], p = T(b[p+1]), p+2
+		case c == msgpcode.Uint16 && p+3 <= len(b):
+			out[i], p = T(binary.BigEndian.Uint16(b[p+1:])), p+3
+		case c == msgpcode.Uint32 && p+5 <= len(b):
+			out[i], p = T(binary.BigEndian.Uint32(b[p+1:])), p+5
+		case c == msgpcode.Uint64 && p+9 <= len(b) && binary.BigEndian.Uint64(b[p+1:]) <= max:
+			out[i], p = T(binary.BigEndian.Uint64(b[p+1:])), p+9
+		default:
+			st.seek(p)
+			return i
+		}
+	}
+	st.seek(p)
+	return i
+}
+
+// int reads a count or id at depth: any integer up to MaxInt64, or an
+// integral float below 2^53. ok is false for anything else, which is
+// stepped over.
+func (st *decoder) int(depth int) (n int64, ok bool, err error) {
+	d := st.d
+	c, err := d.PeekCode()
+	if err != nil {
+		return 0, false, err
+	}
+	switch {
+	case isInt(c):
+		n, err := d.DecodeInt64()
+		return n, err == nil, err
+	case c == msgpcode.Uint64:
+		u, err := d.DecodeUint64()
+		return int64(u), err == nil && u <= math.MaxInt64, err
+	case c == msgpcode.Float || c == msgpcode.Double:
+		x, err := d.DecodeFloat64()
+		if err != nil || x != math.Trunc(x) || math.Abs(x) >= 1<<53 {
+			return 0, false, err
+		}
+		return int64(x), true, nil
+	}
+	return 0, false, walk(d, depth)
+}
+
+// optString reads a str or bin field; ok is false for anything else. The
+// values vLLM repeats in every event are not copied.
+func (st *decoder) optString() (s string, ok bool, err error) {
+	c, err := st.d.PeekCode()
+	if err != nil {
+		return "", false, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return "", false, walk(st.d, 1)
+	}
+	b, err := st.strBytes()
+	switch string(b) {
+	case "GPU":
+		return "GPU", true, err
+	case "CPU":
+		return "CPU", true, err
+	case "full_attention":
+		return "full_attention", true, err
+	}
+	return string(b), true, err
+}
+
+// extraKeys reads extra_keys: per block nil, a list of items, or a bare
+// item where a list belongs (kept as one item rather than losing what it
+// says about the block).
+func (st *decoder) extraKeys() ([][]ExtraKey, bool, error) {
+	d := st.d
+	c, err := d.PeekCode()
+	if err != nil {
+		return nil, false, err
+	}
+	if !isArray(c) {
+		return nil, false, walk(d, 1)
+	}
 	n, err := d.DecodeArrayLen()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	if n <= 0 {
-		return nil, nil
+	if err := st.fits(n); err != nil {
+		return nil, false, err
 	}
-	out := make([]msgpack.RawMessage, 0, min(n, 1024))
-	for i := 0; i < n; i++ {
-		raw, err := d.DecodeRaw()
+	out := make([][]ExtraKey, n)
+	for i := range out {
+		c, err := d.PeekCode()
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		out = append(out, raw)
+		switch {
+		case c == msgpcode.Nil:
+			err = d.DecodeNil()
+		case isArray(c):
+			var m int
+			if m, err = d.DecodeArrayLen(); err != nil {
+				return nil, false, err
+			}
+			if err := st.fits(m); err != nil {
+				return nil, false, err
+			}
+			keys := make([]ExtraKey, m)
+			for j := range keys {
+				if keys[j], err = st.extraKey(3); err != nil {
+					return nil, false, err
+				}
+			}
+			out[i] = keys
+		default:
+			var k ExtraKey
+			k, err = st.extraKey(2)
+			out[i] = []ExtraKey{k}
+		}
+		if err != nil {
+			return nil, false, err
+		}
 	}
-	return out, nil
+	return out, true, nil
+}
+
+// extraKey reads one extra_keys item at depth; the plain kinds directly,
+// anything else through the generic walk, rendered by extraKeyOf.
+func (st *decoder) extraKey(depth int) (ExtraKey, error) {
+	d := st.d
+	c, err := d.PeekCode()
+	if err != nil {
+		return ExtraKey{}, err
+	}
+	switch {
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		b, err := st.strBytes()
+		kind := ExtraString
+		if msgpcode.IsBin(c) {
+			kind = ExtraBytes
+		}
+		return ExtraKey{Kind: kind, Str: string(b)}, err
+	case isInt(c):
+		n, err := d.DecodeInt64()
+		return ExtraKey{Kind: ExtraInt, Int: n}, err
+	}
+	v, err := decodeValue(d, depth)
+	if err != nil {
+		return ExtraKey{}, err
+	}
+	return extraKeyOf(v), nil
+}
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+
+func isMap(c byte) bool {
+	return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32
+}
+
+// isInt reports the integer codes that fit an int64 whatever their value
+// (uint64 does not).
+func isInt(c byte) bool {
+	return msgpcode.IsFixedNum(c) || c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64 ||
+		c == msgpcode.Uint8 || c == msgpcode.Uint16 || c == msgpcode.Uint32
+}
+
+// walk steps over one value at depth, failing with errTooDeep if it nests
+// deeper than maxDepth: what decodeValue would refuse makes an event
+// malformed even where its content is ignored.
+func walk(d *msgpack.Decoder, depth int) error {
+	if depth > maxDepth {
+		return errTooDeep
+	}
+	c, err := d.PeekCode()
+	if err != nil {
+		return err
+	}
+	n := 0
+	switch {
+	case isArray(c):
+		if n, err = d.DecodeArrayLen(); err != nil {
+			return err
+		}
+	case isMap(c):
+		if n, err = d.DecodeMapLen(); err != nil {
+			return err
+		}
+		n *= 2
+	default:
+		return d.Skip()
+	}
+	for i := 0; i < n; i++ {
+		if err := walk(d, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // decodeValue reads any msgpack value into nil, bool, int64, uint64 (only
 // above MaxInt64), float64, string, []byte, []any or map[string]any (entries
-// with non-string keys are dropped). It is the lenient walk every version
-// drift goes through.
+// with non-string keys are dropped). It reads what the typed path has no
+// use for: the batch's ts and rank, a map batch's keys, unusual extra keys.
 func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
 	if depth > maxDepth {
-		return nil, errors.New("nested too deep")
+		return nil, errTooDeep
 	}
 	c, err := d.PeekCode()
 	if err != nil {
@@ -349,8 +1024,7 @@ func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
 		return nil, d.DecodeNil()
 	case c == msgpcode.True || c == msgpcode.False:
 		return d.DecodeBool()
-	case msgpcode.IsFixedNum(c) || c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64 ||
-		c == msgpcode.Uint8 || c == msgpcode.Uint16 || c == msgpcode.Uint32:
+	case isInt(c):
 		return d.DecodeInt64()
 	case c == msgpcode.Uint64:
 		u, err := d.DecodeUint64()
@@ -367,7 +1041,7 @@ func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
 		return d.DecodeString()
 	case msgpcode.IsBin(c):
 		return d.DecodeBytes()
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case isArray(c):
 		n, err := d.DecodeArrayLen()
 		if err != nil || n < 0 {
 			return nil, err
@@ -381,7 +1055,7 @@ func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
 			out = append(out, v)
 		}
 		return out, nil
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case isMap(c):
 		n, err := d.DecodeMapLen()
 		if err != nil || n < 0 {
 			return nil, err
@@ -412,207 +1086,6 @@ func decodeValue(d *msgpack.Decoder, depth int) (any, error) {
 
 // opaque stands for a value of a kind this decoder does not interpret.
 type opaque struct{}
-
-// Positional field order of the array encoding (index 0 is the type name).
-var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
-)
-
-// decodeEvent decodes one event, either encoding. It returns a skip reason
-// instead of an error: a bad event is counted, never fatal.
-func decodeEvent(raw msgpack.RawMessage) (Event, string) {
-	d := msgpack.NewDecoder(bytes.NewReader(raw))
-	v, err := decodeValue(d, 0)
-	if err != nil {
-		return Event{}, SkipMalformed
-	}
-	var typ string
-	fields := map[string]any{}
-	switch x := v.(type) {
-	case []any:
-		if len(x) == 0 {
-			return Event{}, SkipMalformed
-		}
-		s, ok := x[0].(string)
-		if !ok {
-			return Event{}, SkipMalformed
-		}
-		typ = s
-		var names []string
-		switch typ {
-		case "BlockStored":
-			names = storedFields
-		case "BlockRemoved":
-			names = removedFields
-		}
-		for i, name := range names {
-			if i+1 < len(x) {
-				fields[name] = x[i+1]
-			}
-		}
-	case map[string]any:
-		s, ok := x["type"].(string)
-		if !ok {
-			return Event{}, SkipMalformed
-		}
-		typ, fields = s, x
-	default:
-		return Event{}, SkipMalformed
-	}
-	switch typ {
-	case "BlockStored":
-		return decodeStored(fields)
-	case "BlockRemoved":
-		return decodeRemoved(fields)
-	case "AllBlocksCleared":
-		return Event{Kind: AllBlocksCleared}, ""
-	}
-	return Event{}, SkipUnknownType
-}
-
-func decodeStored(f map[string]any) (Event, string) {
-	ev := Event{Kind: BlockStored}
-	var reason string
-	if ev.BlockHashes, reason = hashList(f["block_hashes"]); reason != "" {
-		return Event{}, reason
-	}
-	if p := f["parent_block_hash"]; p != nil {
-		h, ok := hashOf(p)
-		if !ok {
-			return Event{}, SkipBadHash
-		}
-		ev.HasParent, ev.Parent = true, h
-	}
-	switch t := f["token_ids"].(type) {
-	case nil:
-	case []any:
-		ev.TokenIDs = make([]uint32, len(t))
-		for i, x := range t {
-			n, ok := asInt(x)
-			if !ok || n < 0 || n > math.MaxUint32 {
-				return Event{}, SkipMalformed
-			}
-			ev.TokenIDs[i] = uint32(n)
-		}
-	default:
-		return Event{}, SkipMalformed
-	}
-	if bs := f["block_size"]; bs != nil {
-		n, ok := asInt(bs)
-		if !ok || n < 0 || n > 1<<20 {
-			return Event{}, SkipMalformed
-		}
-		ev.BlockSize = int(n)
-	}
-	if len(ev.TokenIDs) > 0 {
-		// Keys are derived from tokens: a count that does not match the
-		// hashes would shift every key after it.
-		if ev.BlockSize == 0 || len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
-			return Event{}, SkipTokenCount
-		}
-	}
-	if id := f["lora_id"]; id != nil {
-		n, ok := asInt(id)
-		if !ok {
-			return Event{}, SkipMalformed
-		}
-		ev.HasLoRAID, ev.LoRAID = true, n
-	}
-	var ok bool
-	if ev.Medium, ok = optString(f["medium"]); !ok {
-		return Event{}, SkipMalformed
-	}
-	if ev.LoRAName, ok = optString(f["lora_name"]); !ok {
-		return Event{}, SkipMalformed
-	}
-	switch ek := f["extra_keys"].(type) {
-	case nil:
-	case []any:
-		ev.ExtraKeys = make([][]ExtraKey, len(ek))
-		for i, blk := range ek {
-			switch items := blk.(type) {
-			case nil:
-			case []any:
-				keys := make([]ExtraKey, 0, len(items))
-				for _, it := range items {
-					keys = append(keys, extraKeyOf(it))
-				}
-				ev.ExtraKeys[i] = keys
-			default:
-				// A bare scalar where a list belongs: keep it as one item
-				// rather than lose what it says about the block.
-				ev.ExtraKeys[i] = []ExtraKey{extraKeyOf(items)}
-			}
-		}
-	default:
-		return Event{}, SkipMalformed
-	}
-	if g := f["group_idx"]; g != nil {
-		n, ok := asInt(g)
-		if !ok {
-			return Event{}, SkipMalformed
-		}
-		ev.HasGroup, ev.GroupIdx = true, n
-	}
-	if ev.SpecKind, ok = optString(f["kv_cache_spec_kind"]); !ok {
-		return Event{}, SkipMalformed
-	}
-	return ev, ""
-}
-
-func decodeRemoved(f map[string]any) (Event, string) {
-	ev := Event{Kind: BlockRemoved}
-	var reason string
-	if ev.BlockHashes, reason = hashList(f["block_hashes"]); reason != "" {
-		return Event{}, reason
-	}
-	var ok bool
-	if ev.Medium, ok = optString(f["medium"]); !ok {
-		return Event{}, SkipMalformed
-	}
-	if g := f["group_idx"]; g != nil {
-		n, ok := asInt(g)
-		if !ok {
-			return Event{}, SkipMalformed
-		}
-		ev.HasGroup, ev.GroupIdx = true, n
-	}
-	return ev, ""
-}
-
-func hashList(v any) ([]uint64, string) {
-	l, ok := v.([]any)
-	if !ok {
-		return nil, SkipMalformed
-	}
-	out := make([]uint64, len(l))
-	for i, x := range l {
-		h, ok := hashOf(x)
-		if !ok {
-			return nil, SkipBadHash
-		}
-		out[i] = h
-	}
-	return out, ""
-}
-
-// hashOf normalizes an engine hash: integers of any width (negative ones
-// reinterpreted as their two's complement), or bytes/str digests of which
-// the last 8 bytes are read big-endian, as vLLM does for its int form.
-func hashOf(v any) (uint64, bool) {
-	switch x := v.(type) {
-	case int64:
-		return uint64(x), true
-	case uint64:
-		return x, true
-	case []byte:
-		return digestTail(x)
-	case string:
-		return digestTail([]byte(x))
-	}
-	return 0, false
-}
 
 func digestTail(b []byte) (uint64, bool) {
 	if len(b) == 0 {
@@ -678,17 +1151,4 @@ func asFloat(v any) (float64, bool) {
 		return float64(x), true
 	}
 	return 0, false
-}
-
-// optString reads an optional string; nil is "".
-func optString(v any) (string, bool) {
-	switch x := v.(type) {
-	case nil:
-		return "", true
-	case string:
-		return x, true
-	case []byte:
-		return string(x), true
-	}
-	return "", false
 }

@@ -71,6 +71,23 @@ func TestDecode(t *testing.T) {
 				BlockHashes: []uint64{5, 200, 60000, 4000000000, big, 1<<64 - 1}}},
 		},
 		{
+			name: "token widths: fixint, uint8, uint16, uint32, uint64, integral float",
+			frames: msg(t, "kv", 1, []any{0.0, []any{
+				stored([]any{1}, nil, []any{5, u8(200), u16(60000), u32(4000000000), u64(7), 3.0}, 6),
+			}}),
+			wantEvents: []ingestor.Event{{Kind: ingestor.BlockStored, BlockHashes: []uint64{1},
+				TokenIDs: []uint32{5, 200, 60000, 4000000000, 7, 3}, BlockSize: 6}},
+		},
+		{
+			name: "token ids beyond uint32 or negative are malformed",
+			frames: msg(t, "kv", 1, []any{0.0, []any{
+				stored([]any{1}, nil, []any{1, 2, 3, u64(1 << 32)}, 4),
+				stored([]any{1}, nil, []any{1, 2, 3, i64(-4)}, 4),
+				stored([]any{1}, nil, []any{1, 2, 3, u64(big)}, 4),
+			}}),
+			wantSkipped: map[string]int{ingestor.SkipMalformed: 3},
+		},
+		{
 			name: "bytes hashes: 32-byte sha256 and 16-byte xxhash, last 8 bytes big-endian",
 			frames: msg(t, "kv", 1, []any{0.0, []any{
 				stored([]any{h32, h16}, h16, tokens(0, 2), 1),
@@ -159,6 +176,8 @@ func TestDecode(t *testing.T) {
 		{name: "batch array of one", frames: msg(t, "kv", 1, []any{0.0}), wantReason: ingestor.RejectPayload},
 		{name: "map batch without events", frames: msg(t, "kv", 1, omap{{"ts", 1.0}}), wantReason: ingestor.RejectPayload},
 		{name: "truncated payload", frames: [][]byte{[]byte("kv"), seq8(1), mp(t, []any{0.0, []any{stored([]any{1}, nil, tokens(1, 4), 4)}})[:9]}, wantReason: ingestor.RejectPayload},
+		{name: "payload cut inside a token", frames: [][]byte{[]byte("kv"), seq8(1), cut(mp(t, []any{0.0, []any{stored([]any{1}, nil,
+			[]any{u16(60000), u16(60001), u16(60002), u16(60003)}, 4)}}), 2)}, wantReason: ingestor.RejectPayload},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -193,6 +212,9 @@ func TestDecode(t *testing.T) {
 		})
 	}
 }
+
+// cut drops the last n bytes of b.
+func cut(b []byte, n int) []byte { return b[:len(b)-n] }
 
 func TestDecodeReplay(t *testing.T) {
 	payload := mp(t, []any{1.0, []any{[]any{"AllBlocksCleared"}}, 0})
@@ -311,4 +333,43 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Translate: %v", err)
 		}
 	})
+}
+
+// benchPayload is one batch as the simulated replicas and vLLM publish it:
+// one BlockStored of 32 blocks of 16 tokens, hashes spread over the whole
+// uint64 range (half of them need msgpack's uint64 form), tokens below 50k.
+func benchPayload(tb testing.TB, asMap bool) []byte {
+	tb.Helper()
+	hashes := make([]any, 32)
+	for i := range hashes {
+		hashes[i] = u64(uint64(i+1) * 0x9e3779b97f4a7c15)
+	}
+	toks := make([]any, 32*16)
+	for i := range toks {
+		toks[i] = 3 + (i*7919)%50_000
+	}
+	var ev any = stored(hashes, nil, toks, 16, nil, "GPU", nil)
+	if asMap {
+		ev = omap{{"type", "BlockStored"}, {"block_hashes", hashes}, {"parent_block_hash", nil},
+			{"token_ids", toks}, {"block_size", 16}, {"lora_id", nil}, {"medium", "GPU"}, {"lora_name", nil},
+			{"extra_keys", make([]any, 32)}, {"group_idx", 0}, {"kv_cache_spec_kind", "full_attention"}}
+	}
+	return mp(tb, []any{1789095808.83, []any{ev}, 0})
+}
+
+// BenchmarkDecode decodes one 32-block batch per op; ns/block is the figure
+// to compare with the store's per-block cost.
+func BenchmarkDecode(b *testing.B) {
+	for _, enc := range []string{"array", "map"} {
+		b.Run(enc, func(b *testing.B) {
+			frames := [][]byte{[]byte("kv"), seq8(1), benchPayload(b, enc == "map")}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := ingestor.Decode(frames); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(32*b.N), "ns/block")
+		})
+	}
 }

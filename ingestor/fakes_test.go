@@ -15,16 +15,18 @@ import (
 )
 
 // fakeStore is an in-memory ingestor.Store with the real store's semantics
-// where the ingestor depends on them: Apply is a no-op for a seq not newer
-// than the applied one, ResetReplica forgets entries and seq.
+// where the ingestor depends on them: ApplyRun is a no-op for a run whose
+// first seq is not newer than the applied one, ResetReplica forgets entries
+// and seq.
 type fakeStore struct {
 	mu       sync.Mutex
 	seq      map[string]int64
 	e2r      map[string]map[uint64]kvroute.BlockKey
 	held     map[string]map[kvroute.BlockKey]int
 	applied  map[string][]int64 // seqs applied, in order
+	calls    map[string]int     // ApplyRun calls
 	resets   map[string]int
-	failNext int // Apply errors left to return
+	failNext int // ApplyRun errors left to return
 
 	replicas []kvroute.Replica
 	version  int64
@@ -38,7 +40,7 @@ type fakeStore struct {
 func newFakeStore() *fakeStore {
 	return &fakeStore{
 		seq: map[string]int64{}, e2r: map[string]map[uint64]kvroute.BlockKey{},
-		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, resets: map[string]int{},
+		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, calls: map[string]int{}, resets: map[string]int{},
 		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{},
 		purged: map[string]int{},
 	}
@@ -46,15 +48,16 @@ func newFakeStore() *fakeStore {
 
 var _ ingestor.Store = (*fakeStore)(nil)
 
-func (s *fakeStore) Apply(_ context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	id := model + "/" + replica
+	s.calls[id]++
 	if s.failNext > 0 {
 		s.failNext--
 		return store.ApplyResult{}, errors.New("fake: unavailable")
 	}
-	id := model + "/" + replica
-	if last, ok := s.seq[id]; ok && last >= seq {
+	if applied, ok := s.seq[id]; ok && applied >= first {
 		return store.ApplyResult{}, nil
 	}
 	if s.e2r[id] == nil {
@@ -82,8 +85,10 @@ func (s *fakeStore) Apply(_ context.Context, model, replica string, seq int64, o
 			s.e2r[id], s.held[id] = map[uint64]kvroute.BlockKey{}, map[kvroute.BlockKey]int{}
 		}
 	}
-	s.seq[id] = seq
-	s.applied[id] = append(s.applied[id], seq)
+	s.seq[id] = last
+	for seq := first; seq <= last; seq++ {
+		s.applied[id] = append(s.applied[id], seq)
+	}
 	res.Applied = true
 	return res, nil
 }

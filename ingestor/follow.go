@@ -15,7 +15,10 @@ import (
 // IndexStore is what following one replica's stream needs from the store.
 type IndexStore interface {
 	KeyLookup
-	Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error)
+	// ApplyRun applies the ops of the consecutive batches first..last in
+	// one atomic call, or nothing when the applied seq is first or newer
+	// (see store.Store.ApplyRun).
+	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error)
 	AppliedSeq(ctx context.Context, model, replica string) (int64, bool, error)
 	ResetReplica(ctx context.Context, model, replica string) error
 }
@@ -57,9 +60,10 @@ type FollowerConfig struct {
 //
 // A replay starts at last, not last+1: the batch at last must come back
 // byte-identical; a different one, or no batch at all, means the replica
-// restarted while we were away. Each batch is one store.Apply, which is
-// itself a no-op for a seq not newer than the stored one, so an overlap
-// between ingestors taking over from each other is harmless.
+// restarted while we were away. Each batch is one store call (several
+// queued ones may share one, see HandleBatches), which is itself a no-op for
+// a seq not newer than the stored one, so an overlap between ingestors
+// taking over from each other is harmless.
 //
 // A Follower is not safe for concurrent use.
 type Follower struct {
@@ -84,6 +88,18 @@ type Follower struct {
 	// the applied one a harmless duplicate (e.g. two ingestors overlapping
 	// during a takeover) rather than a restart.
 	verified bool
+
+	// ops and run are reused from one store call to the next.
+	ops []kvroute.IndexOp
+	run []pending
+}
+
+// pending is a translated batch waiting for its store call; its ops end at
+// end in Follower.ops.
+type pending struct {
+	b   *Batch
+	end int
+	st  TranslateStats
 }
 
 // NewFollower returns a follower; it reads the applied seq lazily.
@@ -320,42 +336,163 @@ func (f *Follower) reset(ctx context.Context, reason string) error {
 	return nil
 }
 
+// maxRunOps bounds the operations HandleBatches applies with one store
+// call: the script blocks Redis, lookups included, while it runs, and a
+// thousand blocks keep it busy a few milliseconds.
+const maxRunOps = 1024
+
+// HandleBatches handles live batches in order, as Handle would one after
+// the other, except that the batches that simply continue the stream (each
+// the seq after the last applied, which Handle would apply right away) are
+// applied together, up to maxRunOps operations per store call. The caller
+// passes what is already queued, so nothing waits to be batched: an
+// ingestor that keeps up applies batch by batch, one that fell behind
+// catches up in a few round trips.
+func (f *Follower) HandleBatches(ctx context.Context, bs []Batch) error {
+	var errs []error
+	for len(bs) > 0 {
+		n, err := f.applyRun(ctx, bs)
+		if n == 0 {
+			n, err = 1, f.Handle(ctx, bs[0])
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		bs = bs[n:]
+	}
+	return errors.Join(errs...)
+}
+
+// applyRun applies the leading batches of bs that continue the stream with
+// one store call and returns how many batches it consumed: 0 when bs[0]
+// does not continue the stream (Handle must decide); else every continuing
+// batch up to the op bound, or up to the first that needs a store lookup to
+// be translated (that lookup must see the batches before it applied); on an
+// error, the batches up to the one that failed, as Handle would have
+// consumed them, so that the rest go through Handle, which re-reads the
+// store first.
+func (f *Follower) applyRun(ctx context.Context, bs []Batch) (int, error) {
+	next := int64(0)
+	if f.have {
+		next = f.last + 1
+	}
+	if !f.synced || next <= f.liveSeq || bs[0].Seq != uint64(next) {
+		return 0, nil
+	}
+	f.ops, f.run = f.ops[:0], f.run[:0]
+	for i := range bs {
+		b := &bs[i]
+		if b.Seq != uint64(next) || len(f.ops) >= maxRunOps {
+			break
+		}
+		want := f.tr.missing(b.Events)
+		if len(want) > 0 && len(f.run) > 0 {
+			break
+		}
+		if err := f.tr.fetch(ctx, want); err != nil {
+			// Only the first batch of a run can need a lookup.
+			f.liveSeq = next
+			f.countSkipped(b.Skipped)
+			f.synced = false
+			return 1, fmt.Errorf("translate seq %d: %w", b.Seq, err)
+		}
+		var st TranslateStats
+		f.ops, st = f.tr.appendOps(f.ops, b.Events)
+		f.run = append(f.run, pending{b: b, end: len(f.ops), st: st})
+		next++
+	}
+	n, err := f.store(ctx)
+	for _, p := range f.run[:n] {
+		f.countSkipped(p.b.Skipped)
+	}
+	f.liveSeq = int64(f.run[n-1].b.Seq)
+	clear(f.run) // let the batches go
+	return n, err
+}
+
 // apply translates and applies one batch as one store call.
 func (f *Follower) apply(ctx context.Context, b Batch) error {
-	for reason, n := range b.Skipped {
-		f.m.skipped.WithLabelValues(reason).Add(float64(n))
-	}
-	ops, st, err := f.tr.Translate(ctx, b.Events)
-	if err != nil {
+	f.countSkipped(b.Skipped)
+	if err := f.tr.fetch(ctx, f.tr.missing(b.Events)); err != nil {
 		f.synced = false
 		return fmt.Errorf("translate seq %d: %w", b.Seq, err)
 	}
-	res, err := f.st.Apply(ctx, f.rep.Model, f.rep.ID, int64(b.Seq), ops)
+	var st TranslateStats
+	f.ops, st = f.tr.appendOps(f.ops[:0], b.Events)
+	f.run = append(f.run[:0], pending{b: &b, end: len(f.ops), st: st})
+	_, err := f.store(ctx)
+	clear(f.run)
+	return err
+}
+
+// countSkipped counts what decoding or translating a batch skipped, by
+// reason.
+func (f *Follower) countSkipped(skipped map[string]int) {
+	for reason, n := range skipped {
+		f.m.skipped.WithLabelValues(reason).Add(float64(n))
+	}
+}
+
+// store applies the translated batches in f.run, consecutive seqs, with one
+// store call, and accounts for each as if applied on its own. When the store
+// already holds part of a run (another ingestor got there first), the run
+// changed nothing and its batches are applied one by one instead, so that
+// exactly the stale ones are no-ops. It returns how many batches it
+// consumed: all, or on an error those settled and the one that failed.
+func (f *Follower) store(ctx context.Context) (int, error) {
+	run := f.run
+	first, last := int64(run[0].b.Seq), int64(run[len(run)-1].b.Seq)
+	res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, first, last, f.ops[:run[len(run)-1].end])
 	if err != nil {
 		// The store is the truth: re-read it before the next batch.
 		f.synced = false
-		return fmt.Errorf("apply seq %d: %w", b.Seq, err)
+		return 1, fmt.Errorf("apply seq %d: %w", first, err)
 	}
-	for reason, n := range st.Skipped {
-		f.m.skipped.WithLabelValues(reason).Add(float64(n))
+	if res.Applied || len(run) == 1 {
+		f.account(run, res)
+		return len(run), nil
 	}
-	f.m.orphans.Add(float64(st.Orphans))
-	f.m.clears.Add(float64(st.Clears))
+	from := 0
+	for i := range run {
+		p := &run[i]
+		seq := int64(p.b.Seq)
+		res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, seq, seq, f.ops[from:p.end])
+		if err != nil {
+			f.synced = false
+			return i + 1, fmt.Errorf("apply seq %d: %w", seq, err)
+		}
+		f.account(run[i:i+1], res)
+		from = p.end
+	}
+	return len(run), nil
+}
+
+// account records the metrics of batches applied together with result res,
+// and the last one as the applied seq.
+func (f *Follower) account(run []pending, res store.ApplyResult) {
+	for i := range run {
+		st := &run[i].st
+		f.countSkipped(st.Skipped)
+		f.m.orphans.Add(float64(st.Orphans))
+		f.m.clears.Add(float64(st.Clears))
+	}
+	b := run[len(run)-1].b
+	f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
 	if !res.Applied {
 		// The store already holds this seq or a newer one: another
 		// ingestor following the same stream got there first.
-		f.m.batches.WithLabelValues("not_applied").Inc()
-		f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
-		return nil
+		f.m.batches.WithLabelValues("not_applied").Add(float64(len(run)))
+		return
 	}
-	f.m.batches.WithLabelValues("applied").Inc()
+	f.m.batches.WithLabelValues("applied").Add(float64(len(run)))
 	f.m.stored.Add(float64(res.Stored))
 	f.m.removed.Add(float64(res.Removed))
 	f.m.unknownRemovals.Add(float64(res.Unknown))
-	if b.TS > 0 {
-		lag := f.now().Sub(time.Unix(0, int64(b.TS*1e9))).Seconds()
-		f.m.lag.Observe(max(lag, 0))
+	now := f.now()
+	for i := range run {
+		if ts := run[i].b.TS; ts > 0 {
+			lag := now.Sub(time.Unix(0, int64(ts*1e9))).Seconds()
+			f.m.lag.Observe(max(lag, 0))
+		}
 	}
-	f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
-	return nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const tModel, tRep = "m", "r1"
@@ -285,5 +286,202 @@ func TestFollowerSequencing(t *testing.T) {
 		fx.live(t, fx.block()) // seq 2: resync sees applied 0, replays 1..2
 		fx.wantApplied(t, 0, 1, 2)
 		fx.wantResets(t, 0)
+	})
+}
+
+// decodeAll decodes live messages as a worker does before handing them to
+// the follower together.
+func decodeAll(t *testing.T, msgs ...[][]byte) []ingestor.Batch {
+	t.Helper()
+	bs := make([]ingestor.Batch, len(msgs))
+	for i, m := range msgs {
+		b, err := ingestor.Decode(m)
+		if err != nil {
+			t.Fatalf("Decode: %v", err)
+		}
+		bs[i] = b
+	}
+	return bs
+}
+
+func (fx *followFixture) handleAll(t *testing.T, msgs ...[][]byte) {
+	t.Helper()
+	if err := fx.f.HandleBatches(t.Context(), decodeAll(t, msgs...)); err != nil {
+		t.Fatalf("HandleBatches: %v", err)
+	}
+}
+
+func (fx *followFixture) wantCalls(t *testing.T, want int) {
+	t.Helper()
+	fx.st.mu.Lock()
+	got := fx.st.calls[tModel+"/"+tRep]
+	fx.st.calls[tModel+"/"+tRep] = 0
+	fx.st.mu.Unlock()
+	if got != want {
+		t.Errorf("store calls: got %d, want %d", got, want)
+	}
+}
+
+// metric sums the samples of the named metric (histograms: their counts)
+// whose labels include label (name=value; "" matches all).
+func metric(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, lp := range m.GetLabel() {
+				match = match || lp.GetName()+"="+lp.GetValue() == label
+			}
+			if match {
+				sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// TestFollowerHandleBatches: queued batches are handled as Handle would
+// one by one, with the ones that continue the stream applied together.
+func TestFollowerHandleBatches(t *testing.T) {
+	t.Run("a queue continuing the stream is one store call, each batch counted", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		reg := prometheus.NewRegistry()
+		m := ingestor.NewMetrics()
+		if err := m.Register(reg); err != nil {
+			t.Fatal(err)
+		}
+		fx.f = ingestor.NewFollower(ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel},
+			Store: fx.st, Replay: fx.pub.replay(&fx.replays), Metrics: m})
+		fx.live(t, fx.block())
+		fx.wantCalls(t, 1)
+		var msgs [][][]byte
+		for range 5 {
+			msgs = append(msgs, fx.block())
+		}
+		fx.handleAll(t, msgs...)
+		fx.wantCalls(t, 1)
+		fx.wantApplied(t, 0, 1, 2, 3, 4, 5)
+		fx.wantHeld(t, 0, 6)
+		if got := metric(t, reg, "kvroute_ingest_batches_total", "result=applied"); got != 6 {
+			t.Errorf("applied batches: got %v, want 6", got)
+		}
+		if got := metric(t, reg, "kvroute_ingest_blocks_stored_total", ""); got != 6 {
+			t.Errorf("stored blocks: got %v, want 6", got)
+		}
+		if got := metric(t, reg, "kvroute_ingest_apply_lag_seconds", ""); got != 5 {
+			t.Errorf("lag observations: got %v, want 5 (seq 0 has no ts)", got)
+		}
+		if fx.replays != 0 {
+			t.Errorf("replays: got %d, want 0", fx.replays)
+		}
+	})
+
+	t.Run("a gap in the queue is replayed, what follows still applied once", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		b0, b1 := fx.block(), fx.block()
+		fx.block() // lost
+		b3, b4, b5 := fx.block(), fx.block(), fx.block()
+		fx.handleAll(t, b0, b1, b3, b4, b5) // 3 replays 1..5; 4 and 5 are duplicates
+		fx.wantApplied(t, 0, 1, 2, 3, 4, 5)
+		fx.wantResets(t, 0)
+		fx.wantHeld(t, 0, 6)
+		if fx.replays != 1 {
+			t.Errorf("replays: got %d, want 1", fx.replays)
+		}
+	})
+
+	t.Run("a restart in the queue resets and rebuilds", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		b0, b1, b2 := fx.block(), fx.block(), fx.block()
+		fx.pub.restart()
+		c0, c1 := fx.block(), fx.block()
+		fx.handleAll(t, b0, b1, b2, c0, c1)
+		fx.wantApplied(t, 0, 1, 2, 0, 1)
+		fx.wantResets(t, 1)
+		fx.wantHeld(t, 0, 2)
+	})
+
+	t.Run("another ingestor applied part of the run: each batch applied once", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		fx.live(t, fx.block())
+		var msgs [][][]byte
+		for range 4 {
+			msgs = append(msgs, fx.block())
+		}
+		other := ingestor.NewFollower(ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel}, Store: fx.st})
+		if err := other.Sync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.HandleBatches(t.Context(), decodeAll(t, msgs[:2]...)); err != nil {
+			t.Fatal(err)
+		}
+		fx.handleAll(t, msgs...)
+		fx.wantApplied(t, 0, 1, 2, 3, 4)
+		fx.wantResets(t, 0)
+		fx.wantHeld(t, 0, 5)
+	})
+
+	t.Run("a long queue takes bounded store calls", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		fx.live(t, fx.block())
+		fx.wantCalls(t, 1)
+		var msgs [][][]byte
+		var want []int64
+		for i := range 1500 {
+			msgs = append(msgs, fx.block())
+			want = append(want, int64(i+1))
+		}
+		fx.handleAll(t, msgs...)
+		fx.wantCalls(t, 2) // 1024 one-block batches, then the rest
+		fx.wantApplied(t, append([]int64{0}, want...)...)
+	})
+
+	t.Run("store outage in a run: the rest goes through resync", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		fx.live(t, fx.block())
+		fx.st.failNext = 1
+		bs := decodeAll(t, fx.block(), fx.block(), fx.block())
+		if err := fx.f.HandleBatches(t.Context(), bs); err == nil {
+			t.Fatal("HandleBatches: got nil error during outage")
+		}
+		fx.wantApplied(t, 0, 1, 2, 3) // 2 re-reads the store, replays 1..3
+		fx.wantResets(t, 0)
+		fx.wantHeld(t, 0, 4)
+	})
+
+	t.Run("a batch that needs a store lookup waits for the ones before it", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		fx.live(t, fx.block())
+		fx.live(t, fx.block())
+		fx.newFollower(t, true) // an ingestor restart: nothing cached
+		if err := fx.f.Sync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		fx.wantCalls(t, 2)
+		// Block 2 chains from block 1, which only the store knows: its
+		// lookup comes first. A fresh prompt needs none. The offload of
+		// block 0 needs the store again, so it waits until the batches
+		// before it are applied.
+		b2 := fx.block()
+		fresh := fx.pub.next(stored([]any{5000}, nil, tokens(100, 4), 4))
+		offload := fx.pub.next(stored([]any{0}, nil, []any{}, 0, nil, "CPU"))
+		fx.handleAll(t, b2, fresh, offload)
+		fx.wantCalls(t, 2)
+		fx.wantApplied(t, 0, 1, 2, 3, 4)
+		key0 := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, utokens(0, 4), nil)[0]
+		fx.st.mu.Lock()
+		refs := fx.st.held[tModel+"/"+tRep][key0]
+		fx.st.mu.Unlock()
+		if refs != 2 {
+			t.Errorf("block 0 held %d times, want 2 (GPU and the offloaded copy)", refs)
+		}
 	})
 }

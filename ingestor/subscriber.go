@@ -178,6 +178,9 @@ type workerConfig struct {
 	now          func() time.Time
 }
 
+// maxDrain bounds the messages a worker takes off its queue at once.
+const maxDrain = 256
+
 // worker follows one replica: in dial mode it owns the SUB connection and
 // redials it with backoff; in both modes it applies messages in order and
 // notices a stream that went silent.
@@ -186,6 +189,8 @@ type worker struct {
 	in     chan feed
 	redial chan struct{}
 	purged chan struct{}
+	feeds  []feed  // reused by drain
+	bs     []Batch // reused by handle
 
 	mu        sync.Mutex
 	downSince time.Time // zero while the stream is connected
@@ -288,32 +293,77 @@ func (w *worker) run(ctx context.Context) {
 			if was {
 				w.m.stalled.WithLabelValues(w.rep.ID).Set(0)
 			}
-			w.handle(ctx, f)
+			w.handle(ctx, w.drain(f))
 		}
 	}
 }
 
-func (w *worker) handle(ctx context.Context, f feed) {
-	if f.resync {
+// drain returns f and the messages queued behind it, so that the follower
+// can apply consecutive batches together; it never waits for more.
+func (w *worker) drain(f feed) []feed {
+	fs := append(w.feeds[:0], f)
+queued:
+	for len(fs) < maxDrain {
+		select {
+		case g := <-w.in:
+			fs = append(fs, g)
+		default:
+			break queued
+		}
+	}
+	w.feeds = fs
+	return fs
+}
+
+// handle decodes fs and hands the batches to the follower in order, a
+// resync in between splitting them.
+func (w *worker) handle(ctx context.Context, fs []feed) {
+	bs := w.bs[:0]
+	for _, f := range fs {
+		if !f.resync {
+			if b, ok := w.decode(f.frames); ok {
+				bs = append(bs, b)
+			}
+			continue
+		}
+		w.apply(ctx, bs)
+		bs = bs[:0]
 		if err := w.follower.Sync(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("sync", "err", err)
 		}
-		return
 	}
-	b, err := Decode(f.frames)
+	w.apply(ctx, bs)
+	clear(fs) // let the messages go
+	w.bs = bs[:0]
+}
+
+// decode decodes one live message of the worker's replica; it counts and
+// drops a bad one.
+func (w *worker) decode(frames [][]byte) (Batch, bool) {
+	b, err := Decode(frames)
 	if err != nil {
 		w.m.decodeErrors.WithLabelValues(ReasonOf(err)).Inc()
 		w.log.Debug("bad message", "err", err)
-		return
+		return Batch{}, false
 	}
 	if w.rep.Topic != "" && b.Topic != w.rep.Topic {
 		// SUB filters match prefixes: "kv" also lets "kv2" through.
 		w.m.decodeErrors.WithLabelValues("topic").Inc()
+		return Batch{}, false
+	}
+	return b, true
+}
+
+// apply hands batches to the follower, logging what it could not apply:
+// the follower has already arranged to catch up (see Follower.Handle).
+func (w *worker) apply(ctx context.Context, bs []Batch) {
+	if len(bs) == 0 {
 		return
 	}
-	if err := w.follower.Handle(ctx, b); err != nil && ctx.Err() == nil {
-		w.log.Warn("apply", "seq", b.Seq, "err", err)
+	if err := w.follower.HandleBatches(ctx, bs); err != nil && ctx.Err() == nil {
+		w.log.Warn("apply", "err", err)
 	}
+	clear(bs) // let the events go
 }
 
 // dialLoop keeps one SUB connection to the replica, redialling with

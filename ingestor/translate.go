@@ -68,6 +68,7 @@ type Translator struct {
 	lookup         KeyLookup
 
 	cache map[uint64]cached
+	keys  []kvroute.BlockKey // reused by appendOps
 	// nonFull and full record the hybrid-model groups seen in BlockStored
 	// events, so that BlockRemoved (which carries no spec kind) can be
 	// filtered the same way.
@@ -201,12 +202,17 @@ func BlockExtras(ev *Event) []kvroute.BlockExtra {
 // replay buffer no longer reaches back); the replica's next restart or cache
 // reset, or an operator's reset, rebuilds it.
 func (t *Translator) Translate(ctx context.Context, events []Event) ([]kvroute.IndexOp, TranslateStats, error) {
-	var st TranslateStats
-	if err := t.prefetch(ctx, events); err != nil {
-		return nil, st, err
+	if err := t.fetch(ctx, t.missing(events)); err != nil {
+		return nil, TranslateStats{}, err
 	}
-	ops := make([]kvroute.IndexOp, 0, len(events)*2)
-	var keys []kvroute.BlockKey
+	ops, st := t.appendOps(make([]kvroute.IndexOp, 0, len(events)*2), events)
+	return ops, st, nil
+}
+
+// appendOps appends the index operations of events to ops; every hash
+// they refer to must be cached or stored earlier in events (see fetch).
+func (t *Translator) appendOps(ops []kvroute.IndexOp, events []Event) ([]kvroute.IndexOp, TranslateStats) {
+	var st TranslateStats
 	for i := range events {
 		ev := &events[i]
 		switch ev.Kind {
@@ -256,16 +262,16 @@ func (t *Translator) Translate(ctx context.Context, events []Event) ([]kvroute.I
 			} else {
 				chainFrom = KeySpaceOf(t.model, t.seed, ev).Root()
 			}
-			keys = kvroute.ChainKeys(keys[:0], chainFrom, ev.BlockSize, ev.TokenIDs, BlockExtras(ev))
+			t.keys = kvroute.ChainKeys(t.keys[:0], chainFrom, ev.BlockSize, ev.TokenIDs, BlockExtras(ev))
 			for j, h := range ev.BlockHashes {
-				ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: h, Key: keys[j], Parent: parent, Tier: tier})
-				t.remember(h, cached{key: keys[j], parent: parent})
-				parent = keys[j]
+				ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: h, Key: t.keys[j], Parent: parent, Tier: tier})
+				t.remember(h, cached{key: t.keys[j], parent: parent})
+				parent = t.keys[j]
 			}
 			st.Stored += len(ev.BlockHashes)
 		}
 	}
-	return ops, st, nil
+	return ops, st
 }
 
 // offload resolves a token-less BlockStored ("these hashes now also live on
@@ -308,19 +314,37 @@ func (t *Translator) offload(ops []kvroute.IndexOp, ev *Event, tier kvroute.Tier
 // need a 2^-64 collision, as for NoParent.
 const unknownParent = kvroute.BlockKey(1)
 
-// prefetch loads, in one store call, every hash the batch refers to that is
-// neither cached nor stored with tokens earlier in the batch.
-func (t *Translator) prefetch(ctx context.Context, events []Event) error {
+// missing returns, once each, the hashes events refer to (parents, and
+// the hashes of token-less offload events) that are neither cached nor
+// stored with tokens by an earlier event of the same events: what fetch
+// must ask the store. The common batch, a prompt's blocks whose parent
+// this translator keyed itself, needs nothing and costs no allocation.
+func (t *Translator) missing(events []Event) []uint64 {
 	if t.lookup == nil {
 		return nil
 	}
-	produced := map[uint64]bool{}
 	var want []uint64
-	need := func(h uint64) {
-		if _, ok := t.cache[h]; ok || produced[h] {
+	// known holds the hashes stored with tokens so far, and those already
+	// wanted; it is built on the first miss, since most batches have none.
+	var known map[uint64]bool
+	need := func(i int, h uint64) {
+		if _, ok := t.cache[h]; ok {
 			return
 		}
-		produced[h] = true // ask once
+		if known == nil {
+			known = map[uint64]bool{}
+			for j := range events[:i] {
+				if ev := &events[j]; ev.Kind == BlockStored && len(ev.TokenIDs) > 0 {
+					for _, h := range ev.BlockHashes {
+						known[h] = true
+					}
+				}
+			}
+		}
+		if known[h] {
+			return
+		}
+		known[h] = true // ask once
 		want = append(want, h)
 	}
 	for i := range events {
@@ -334,18 +358,23 @@ func (t *Translator) prefetch(ctx context.Context, events []Event) error {
 		}
 		if len(ev.TokenIDs) == 0 {
 			for _, h := range ev.BlockHashes {
-				need(h)
+				need(i, h)
 			}
 		}
 		if ev.HasParent {
-			need(ev.Parent)
+			need(i, ev.Parent)
 		}
-		if len(ev.TokenIDs) > 0 {
+		if len(ev.TokenIDs) > 0 && known != nil {
 			for _, h := range ev.BlockHashes {
-				produced[h] = true
+				known[h] = true
 			}
 		}
 	}
+	return want
+}
+
+// fetch loads the router keys of want (see missing) in one store call.
+func (t *Translator) fetch(ctx context.Context, want []uint64) error {
 	if len(want) == 0 {
 		return nil
 	}

@@ -2,10 +2,12 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/store"
 )
 
 // TestApplyBatchMatchesSingleOps checks Apply's batch fast path (fresh
@@ -58,7 +60,8 @@ func TestApplyBatchMatchesSingleOps(t *testing.T) {
 			return k, ops
 		}
 		gpu, host := kvroute.TierGPU, kvroute.TierHost
-		// First batches: slots are not known to Go yet (general path).
+		// First batches: slots are not known to Go yet (read, and
+		// allocated, through slot.lua).
 		shared, ops := fresh(6, gpu)
 		apply(reps[1], ops)
 		_, ops = fresh(3, gpu)
@@ -193,6 +196,93 @@ func TestEngineHashPrefixCollision(t *testing.T) {
 				t.Errorf("%s: %+v, want %+v", b.name, got, want)
 			}
 			check(b.name)
+		}
+	})
+}
+
+// TestApplyRun checks that consecutive batches applied by one ApplyRun
+// leave what applying them one by one leaves, on both of Apply's paths
+// (fresh chains; removals, including of a block an earlier batch of the run
+// stored), and that a run reaching back to the applied seq changes nothing.
+func TestApplyRun(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(3, 3))
+		const runs, single = "runs", "single"
+		gpu, host := kvroute.TierGPU, kvroute.TierHost
+		m := newModel()
+		var seq int64
+		apply := func(batches ...[]kvroute.IndexOp) {
+			t.Helper()
+			first := seq + 1
+			var ops []kvroute.IndexOp
+			want := store.ApplyResult{Applied: true}
+			for _, b := range batches {
+				seq++
+				if _, err := e.s.Apply(ctx, single, "r0", seq, b); err != nil {
+					t.Fatal(err)
+				}
+				r := m.apply("r0", b)
+				want.Stored, want.Removed, want.Unknown = want.Stored+r.Stored, want.Removed+r.Removed, want.Unknown+r.Unknown
+				ops = append(ops, b...)
+			}
+			got, err := e.s.ApplyRun(ctx, runs, "r0", first, seq, ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("run of seqs %d to %d: %+v, want %+v", first, seq, got, want)
+			}
+		}
+		a, b, c := chain(rng, 6), chain(rng, 3), chain(rng, 4)
+		// Fresh chains: applyfast.lua, the slot read through slot.lua.
+		apply(storeChain(a, 0, 6, gpu), storeChain(b, 0, 3, gpu), nil)
+		// The general path: a removal of a block stored in the same run,
+		// a host copy, an unknown removal.
+		apply(storeChain(c, 0, 4, gpu), []kvroute.IndexOp{remove1(c[3], gpu), remove1(a[5], gpu)},
+			[]kvroute.IndexOp{store1(a[1], a[0], host), remove1(999, gpu)})
+		keys := append(append(append([]kvroute.BlockKey{}, a...), b...), c...)
+		checkRefs(t, e, runs, m, keys)
+
+		// Runs that reach back to the applied seq change nothing, on
+		// either path.
+		for _, run := range []struct {
+			first, last int64
+			ops         []kvroute.IndexOp
+		}{
+			{seq, seq + 2, storeChain(chain(rng, 3), 0, 3, gpu)},
+			{seq - 2, seq + 1, []kvroute.IndexOp{remove1(a[0], gpu)}},
+			{seq - 3, seq - 1, storeChain(chain(rng, 2), 0, 2, gpu)},
+		} {
+			got, err := e.s.ApplyRun(ctx, runs, "r0", run.first, run.last, run.ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != (store.ApplyResult{}) {
+				t.Errorf("run of seqs %d to %d over applied %d: %+v, want nothing applied", run.first, run.last, seq, got)
+			}
+		}
+		st, err := e.s.Stats(ctx, runs, "r0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.AppliedSeq != seq {
+			t.Errorf("applied seq %d, want %d", st.AppliedSeq, seq)
+		}
+		checkRefs(t, e, runs, m, keys)
+		for _, k := range [][]kvroute.BlockKey{a, b, c} {
+			for _, mod := range []string{runs, single} {
+				ov, _, err := e.s.Lookup(ctx, mod, k, []string{"r0"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := m.overlap("r0", k, e.clk.Now()); ov[0] != want {
+					t.Errorf("%s: overlap %+v, want %+v", mod, ov[0], want)
+				}
+			}
+		}
+		if _, err := e.s.ApplyRun(ctx, runs, "r0", seq+2, seq+1, nil); !errors.Is(err, kvroute.ErrInvalidInput) {
+			t.Errorf("run of seqs %d to %d: err %v, want ErrInvalidInput", seq+2, seq+1, err)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,40 +39,60 @@ type ApplyResult struct {
 // than the last applied one is a no-op, so a replay may overlap what was
 // already applied.
 //
-// A batch made only of fresh chains (the blocks of new prompts) whose
-// replica's slot is cached goes to applyfast.lua with every block entry and
-// engine-hash record computed here: the script only checks that the slot,
-// blocks and engine hashes are as assumed (else it changes nothing and the
-// batch takes apply.lua's general path, one more round trip) and writes
-// them with one HSET per hash.
+// A batch made only of fresh chains (the blocks of new prompts) goes to
+// applyfast.lua with every block entry and engine-hash record computed here
+// for the replica's slot (cached; the first time asked of slot.lua, which
+// allocates it): the script only checks that the slot, blocks and engine
+// hashes are as assumed (else it changes nothing and the batch takes
+// apply.lua's general path, one more round trip) and writes them with one
+// HSET per hash.
 func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (ApplyResult, error) {
-	ck := model + "\x00" + replica
-	if sl, ok := s.slots.Load(ck); ok {
-		if args := fastArgs(model, replica, seq, ms(s.now()), sl.(int), ops); args != nil {
-			v, err := scriptApplyF.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
-			if err != nil {
-				return ApplyResult{}, wrap("apply", err)
-			}
-			if len(v) < 4 {
-				return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
-			}
-			if v[0] >= 0 {
-				return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
-			}
-			// The slot moved or the chains are not fresh: nothing was
-			// written, the general path applies the batch.
-			s.slots.Delete(ck)
-		}
+	return s.ApplyRun(ctx, model, replica, seq, seq, ops)
+}
+
+// ApplyRun applies the ops of a replica's consecutive batches first..last,
+// concatenated in order, as one atomic Lua call: what Apply does batch by
+// batch, but an ingestor with several batches of a replica queued pays one
+// round trip for them, and Redis one script call's fixed costs. The run is
+// all or nothing: when the replica's applied seq is first or newer, nothing
+// changes and Applied is false, even if part of the run is newer. A caller
+// that holds the batches apart then applies them one by one, so that
+// exactly the stale ones are no-ops.
+func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (ApplyResult, error) {
+	if first > last {
+		return ApplyResult{}, fmt.Errorf("store: apply: seqs %d to %d: %w", first, last, kvroute.ErrInvalidInput)
 	}
-	// apply.lua's arguments: the fixed four, then kind and tier of every op
+	ck := model + "\x00" + replica
+	if c, ok := freshChains(ops); ok {
+		slot, err := s.slot(ctx, model, replica, ck)
+		if err != nil {
+			return ApplyResult{}, err
+		}
+		args := fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c)
+		v, err := scriptApplyF.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
+		if err != nil {
+			return ApplyResult{}, wrap("apply", err)
+		}
+		if len(v) < 4 {
+			return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+		}
+		if v[0] >= 0 {
+			return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+		}
+		// The slot moved or the chains are not fresh: nothing was
+		// written, the general path applies the batch.
+		s.slots.Delete(ck)
+	}
+	// apply.lua's arguments: the fixed five, then kind and tier of every op
 	// (two bytes each), then every op's engine hash, key and parent as
 	// separate arguments (8 bytes each, empty where the kind has none), so
 	// that the script reads them without string.sub and passes each run to
 	// HMGET whole.
 	n := len(ops)
-	args := make([]any, 5+3*n)
+	args := make([]any, 6+3*n)
 	args[0], args[1] = prefix(model), replica
-	args[2], args[3] = strconv.FormatInt(seq, 10), strconv.FormatInt(ms(s.now()), 10)
+	args[2], args[3] = strconv.FormatInt(last, 10), strconv.FormatInt(ms(s.now()), 10)
+	args[4] = strconv.FormatInt(first, 10)
 	kinds := make([]byte, 2*n)
 	b8 := make([]byte, 24*n)
 	for i, op := range ops {
@@ -87,19 +108,19 @@ func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops
 			binary.BigEndian.PutUint64(eh, op.EngineHash)
 			binary.BigEndian.PutUint64(key, uint64(op.Key))
 			binary.BigEndian.PutUint64(par, uint64(op.Parent))
-			args[5+i], args[5+n+i], args[5+2*n+i] = eh, key, par
+			args[6+i], args[6+n+i], args[6+2*n+i] = eh, key, par
 		case kvroute.OpRemove:
 			kinds[2*i] = 'R'
 			binary.BigEndian.PutUint64(eh, op.EngineHash)
-			args[5+i], args[5+n+i], args[5+2*n+i] = eh, "", ""
+			args[6+i], args[6+n+i], args[6+2*n+i] = eh, "", ""
 		case kvroute.OpClear:
 			kinds[2*i] = 'C'
-			args[5+i], args[5+n+i], args[5+2*n+i] = "", "", ""
+			args[6+i], args[6+n+i], args[6+2*n+i] = "", "", ""
 		default:
 			return ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
 		}
 	}
-	args[4] = kinds
+	args[5] = kinds
 	v, err := scriptApply.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
 	if err != nil {
 		return ApplyResult{}, wrap("apply", err)
@@ -113,99 +134,144 @@ func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops
 	return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
 }
 
-// fastArgs returns applyfast.lua's arguments when every op of the batch
-// stores a block of a fresh chain: distinct keys and engine hashes, each
-// parent NoParent or an earlier op's key, no key parent of two ops, no two
-// engine hashes under one e2r field (6-byte prefix). Each
-// entry and engine-hash value is then computed here for R's slot, as
-// apply.lua's general path would leave it if every block and engine hash is
-// new (which the script verifies); otherwise fastArgs returns nil.
-func fastArgs(model, replica string, seq, now int64, slot int, ops []kvroute.IndexOp) []any {
-	n := len(ops)
-	if n == 0 || slot < 0 {
-		return nil
+// slot returns the replica's slot for applyfast.lua: the one cached (ck is
+// the cache key), else the one slot.lua reads or allocates.
+func (s *Store) slot(ctx context.Context, model, replica, ck string) (int, error) {
+	if sl, ok := s.slots.Load(ck); ok {
+		return sl.(int), nil
 	}
-	idx := make(map[kvroute.BlockKey]int, n) // key -> op index
-	ehs := make(map[uint64]struct{}, n)      // engine-hash prefixes (e2r fields)
-	child := make([]int, n)                  // op index + 1 of the op's child, 0: none
-	rooted := make([]byte, n)                // bit 0: RG, bit 1: RA
+	v, err := scriptSlot.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), replica,
+		strconv.FormatInt(ms(s.now()), 10)).Int()
+	if err != nil {
+		return 0, wrap("apply", err)
+	}
+	s.slots.Store(ck, v)
+	return v, nil
+}
+
+// chains is the shape of a run of fresh chains: for each op, the index + 1
+// of the op storing its child (0: none), and whether it is rooted (bit 0:
+// RG, bit 1: RA) for its replica, as its parent is.
+type chains struct {
+	child  []int32
+	rooted []byte
+}
+
+// freshChains reports whether every op of the run stores a block of a
+// fresh chain: distinct keys and engine hashes, each parent NoParent or an
+// earlier op's key, no key parent of two ops, no two engine hashes under
+// one e2r field (6-byte prefix). Such a run can take applyfast.lua.
+func freshChains(ops []kvroute.IndexOp) (chains, bool) {
+	n := len(ops)
+	if n == 0 {
+		return chains{}, false
+	}
+	// Distinct keys and e2r fields, found by sorting: for a run of a
+	// thousand ops, two maps cost more than the rest of the Go side.
+	seen := make([]uint64, 2*n)
 	for i, op := range ops {
 		if op.Kind != kvroute.OpStore || op.Key == kvroute.NoParent {
-			return nil
+			return chains{}, false
 		}
-		if _, dup := idx[op.Key]; dup {
-			return nil
-		}
-		if _, dup := ehs[op.EngineHash>>16]; dup {
-			return nil
-		}
+		seen[i], seen[n+i] = uint64(op.Key), op.EngineHash>>16
+	}
+	if hasDup(seen[:n]) || hasDup(seen[n:]) {
+		return chains{}, false
+	}
+	c := chains{child: make([]int32, n), rooted: make([]byte, n)}
+	var idx map[kvroute.BlockKey]int // key -> op index, when a parent is not the op before
+	for i, op := range ops {
 		pr := byte(3)
 		if op.Parent != kvroute.NoParent {
-			p, ok := idx[op.Parent]
-			if !ok || child[p] != 0 {
-				return nil
+			p := i - 1
+			if p < 0 || ops[p].Key != op.Parent {
+				if idx == nil {
+					idx = make(map[kvroute.BlockKey]int, n)
+					for j, o := range ops {
+						idx[o.Key] = j
+					}
+				}
+				var ok bool
+				if p, ok = idx[op.Parent]; !ok || p >= i {
+					return chains{}, false
+				}
 			}
-			child[p] = i + 1
-			pr = rooted[p]
+			if c.child[p] != 0 {
+				return chains{}, false
+			}
+			c.child[p] = int32(i + 1)
+			pr = c.rooted[p]
 		}
 		if op.Tier != kvroute.TierGPU {
 			pr &^= 1
 		}
-		rooted[i] = pr
-		idx[op.Key] = i
-		ehs[op.EngineHash>>16] = struct{}{}
+		c.rooted[i] = pr
 	}
+	return c, true
+}
+
+// hasDup reports whether vs holds a value twice; it sorts vs.
+func hasDup(vs []uint64) bool {
+	slices.Sort(vs)
+	for i := 1; i < len(vs); i++ {
+		if vs[i] == vs[i-1] {
+			return true
+		}
+	}
+	return false
+}
+
+// fastArgs returns applyfast.lua's arguments for a run of fresh chains of
+// shape c: each entry and engine-hash value computed for R's slot, as
+// apply.lua's general path would leave it if every block and engine hash is
+// new (which the script verifies).
+func fastArgs(model, replica string, first, last, now int64, slot int, ops []kvroute.IndexOp, c chains) []any {
+	n := len(ops)
 	bm := make([]byte, slot/8+1)
 	bm[slot/8] = 1 << (slot % 8)
 	lb := byte(len(bm))
-	args := make([]any, 6+4*n)
-	args[0], args[1] = prefix(model), replica
-	args[2], args[3] = strconv.FormatInt(seq, 10), strconv.FormatInt(now, 10)
-	args[4], args[5] = strconv.Itoa(slot), strconv.Itoa(n)
-	b0, e0 := 6, 6+2*n
-	// One buffer for every value: entry (8+8+1 + 4 bitmaps) and e2r record
-	// (2+8+4) per op, plus the 8-byte key and engine hash fields.
-	each := 17 + 4*(1+len(bm)) + 14 + 16
-	buf := make([]byte, 0, each*n)
+	// blocks: key (8) | entry length (2) | entry: parent, first child, shape
+	// byte and one or four bitmaps. engine hashes: field (6) | record: the
+	// engine hash's last 2 bytes, the key and the refcounts.
+	blocks := make([]byte, 0, n*(8+2+17+4*(1+len(bm))))
+	ehashes := make([]byte, 0, n*20)
 	for i, op := range ops {
-		st := len(buf)
-		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Key))
-		buf = binary.BigEndian.AppendUint64(buf, op.EngineHash)
-		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Parent))
+		blocks = binary.BigEndian.AppendUint64(blocks, uint64(op.Key))
+		blocks = append(blocks, 0, 0)
+		st := len(blocks)
+		blocks = binary.BigEndian.AppendUint64(blocks, uint64(op.Parent))
 		fc := uint64(0)
-		if c := child[i]; c != 0 {
-			fc = uint64(ops[c-1].Key)
+		if ch := c.child[i]; ch != 0 {
+			fc = uint64(ops[ch-1].Key)
 		}
-		buf = binary.BigEndian.AppendUint64(buf, fc)
+		blocks = binary.BigEndian.AppendUint64(blocks, fc)
 		gpu := op.Tier == kvroute.TierGPU
-		if gpu && rooted[i] == 3 {
+		if gpu && c.rooted[i] == 3 {
 			// Held and rooted on GPU: the four bitmaps are one (shape 2).
-			buf = append(buf, 2, lb)
-			buf = append(buf, bm...)
+			blocks = append(blocks, 2, lb)
+			blocks = append(blocks, bm...)
 		} else {
-			buf = append(buf, 0)
-			for _, on := range [4]bool{rooted[i]&1 != 0, rooted[i]&2 != 0, gpu, true} {
+			blocks = append(blocks, 0)
+			for _, on := range [4]bool{c.rooted[i]&1 != 0, c.rooted[i]&2 != 0, gpu, true} {
 				if on {
-					buf = append(buf, lb)
-					buf = append(buf, bm...)
+					blocks = append(blocks, lb)
+					blocks = append(blocks, bm...)
 				} else {
-					buf = append(buf, 0)
+					blocks = append(blocks, 0)
 				}
 			}
 		}
-		ent := buf[st+16:]
-		buf = append(buf, byte(op.EngineHash>>8), byte(op.EngineHash))
-		buf = binary.BigEndian.AppendUint64(buf, uint64(op.Key))
+		binary.BigEndian.PutUint16(blocks[st-2:], uint16(len(blocks)-st))
+		ehashes = binary.BigEndian.AppendUint64(ehashes, op.EngineHash)
+		ehashes = binary.BigEndian.AppendUint64(ehashes, uint64(op.Key))
 		if gpu {
-			buf = append(buf, "1,0;"...)
+			ehashes = append(ehashes, "1,0;"...)
 		} else {
-			buf = append(buf, "0,1;"...)
+			ehashes = append(ehashes, "0,1;"...)
 		}
-		e2v := buf[st+16+len(ent):]
-		args[b0+2*i], args[b0+2*i+1] = buf[st:st+8], ent
-		args[e0+2*i], args[e0+2*i+1] = buf[st+8:st+14], e2v
 	}
-	return args
+	return []any{prefix(model), replica, strconv.FormatInt(last, 10), strconv.FormatInt(now, 10),
+		strconv.Itoa(slot), strconv.Itoa(n), strconv.FormatInt(first, 10), blocks, ehashes}
 }
 
 // AppliedSeq returns the seq of the last batch applied for the replica; ok

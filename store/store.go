@@ -170,6 +170,7 @@ func luaSrc(names ...string) string {
 var (
 	scriptApply   = redis.NewScript(luaSrc("lib", "apply"))
 	scriptApplyF  = redis.NewScript(luaSrc("applyfast"))
+	scriptSlot    = redis.NewScript(luaSrc("lib", "slot"))
 	scriptReset   = redis.NewScript(luaSrc("lib", "reset"))
 	scriptPurge   = redis.NewScript(luaSrc("lib", "purge"))
 	scriptLookup  = redis.NewScript(luaSrc("lookup"))

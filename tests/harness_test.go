@@ -281,13 +281,15 @@ func (l *appliedLog) add(replica string, seq int64) {
 
 func (k *killable) err() error { return fmt.Errorf("killed: %w", kvroute.ErrUnavailable) }
 
-func (k *killable) Apply(ctx context.Context, m, r string, seq int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+func (k *killable) ApplyRun(ctx context.Context, m, r string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
 	if k.dead.Load() {
 		return store.ApplyResult{}, k.err()
 	}
-	res, err := k.Store.Apply(ctx, m, r, seq, ops)
+	res, err := k.Store.ApplyRun(ctx, m, r, first, last, ops)
 	if err == nil && res.Applied {
-		k.applied.add(r, seq)
+		for seq := first; seq <= last; seq++ {
+			k.applied.add(r, seq)
+		}
 	}
 	return res, err
 }

@@ -1,12 +1,13 @@
--- apply.lua applies one event batch of one replica atomically.
+-- apply.lua applies one event batch of one replica atomically, or the ops of
+-- consecutive batches first seq..seq in order (see Store.ApplyRun).
 -- KEYS[1] = kvr:{m}:r:<id>:meta
--- ARGV = prefix, replica, seq, now_ms, kinds (two bytes per op: kind S|R|C,
---        tier 0 GPU | 1 host), then for the n ops: n engine hashes, n keys,
---        n parent keys (8 big-endian bytes each; zero key: no parent; empty
---        where the kind has none).
+-- ARGV = prefix, replica, seq, now_ms, first seq, kinds (two bytes per op:
+--        kind S|R|C, tier 0 GPU | 1 host), then for the n ops: n engine
+--        hashes, n keys, n parent keys (8 big-endian bytes each; zero key: no
+--        parent; empty where the kind has none).
 -- Returns {applied, stored, removed, unknown, R's slot or -1} (Go caches the
--- slot for applyfast.lua). A batch whose seq is not newer
--- than the applied seq changes nothing, so redelivery is harmless.
+-- slot for applyfast.lua). A batch whose seq (a run whose first seq) is not
+-- newer than the applied seq changes nothing, so redelivery is harmless.
 --
 -- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes, as
 -- records under its 6-byte prefix: see lib.lua) -> key (8 bytes) and
@@ -18,12 +19,12 @@
 -- writes the finished entry directly; every other op takes the general one.
 local meta = KEYS[1]
 local E2R = P .. 'r:' .. R .. ':e2r'
-local seq = tonumber(ARGV[3])
-local kinds = ARGV[5]
+local first = tonumber(ARGV[5])
+local kinds = ARGV[6]
 local nops = #kinds / 2
-local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
+local EH0, K0, P0 = 6, 6 + nops, 6 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
 local m = redis.call('HMGET', meta, 'seq', 'n')
-if m[1] and tonumber(m[1]) >= seq then return {0, 0, 0, 0} end
+if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
 local held = tonumber(m[2] or 0) or 0
 local stored, removed, unknown = 0, 0, 0
 
