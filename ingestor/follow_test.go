@@ -440,7 +440,7 @@ func TestFollowerHandleBatches(t *testing.T) {
 			want = append(want, int64(i+1))
 		}
 		fx.handleAll(t, msgs...)
-		fx.wantCalls(t, 2) // 1024 one-block batches, then the rest
+		fx.wantCalls(t, 6) // five calls of 256 one-block batches (maxRunOps), then the rest
 		fx.wantApplied(t, append([]int64{0}, want...)...)
 	})
 
