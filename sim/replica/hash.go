@@ -53,22 +53,59 @@ func (h *hasher) block(parent *Digest, tokens []int, extra []any) (Digest, error
 	if parent != nil {
 		p = *parent
 	}
-	toks := make([]uint64, len(tokens))
-	for i, t := range tokens {
+	for _, t := range tokens {
 		if t < 0 {
 			return Digest{}, fmt.Errorf("negative token id %d", t)
 		}
+	}
+	if len(extra) == 0 {
+		// The common block, [parent, tokens, null], encoded here: the
+		// library's reflection cost more than the hash itself, and the
+		// replicas' hashing competes with the ingestor in benchmarks.
+		// TestBlockEncoding keeps it byte-identical to the library's.
+		var buf [64 + 9*64]byte
+		return sha256.Sum256(appendBlock(buf[:0], p, tokens)), nil
+	}
+	toks := make([]uint64, len(tokens))
+	for i, t := range tokens {
 		toks[i] = uint64(t)
 	}
-	var ek any // CBOR null when there are no extra keys, as vLLM passes None.
-	if len(extra) > 0 {
-		ek = extra
-	}
-	b, err := h.em.Marshal([]any{p[:], toks, ek})
+	b, err := h.em.Marshal([]any{p[:], toks, extra})
 	if err != nil {
 		return Digest{}, fmt.Errorf("cbor block: %w", err)
 	}
 	return sha256.Sum256(b), nil
+}
+
+// appendBlock appends the canonical CBOR of [parent, tokens, null] (vLLM
+// passes None when a block has no extra keys): an array of three, a 32-byte
+// string, an array of unsigned integers, each in its shortest form.
+func appendBlock(b []byte, parent Digest, tokens []int) []byte {
+	b = append(b, 0x83)
+	b = appendHead(b, 2, 32)
+	b = append(b, parent[:]...)
+	b = appendHead(b, 4, uint64(len(tokens)))
+	for _, t := range tokens {
+		b = appendHead(b, 0, uint64(t))
+	}
+	return append(b, 0xf6)
+}
+
+// appendHead appends a CBOR item head of major type major and argument v in
+// the shortest encoding, as canonical CBOR requires.
+func appendHead(b []byte, major byte, v uint64) []byte {
+	m := major << 5
+	switch {
+	case v < 24:
+		return append(b, m|byte(v))
+	case v <= 0xff:
+		return append(b, m|24, byte(v))
+	case v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(b, m|25), uint16(v))
+	case v <= 0xffffffff:
+		return binary.BigEndian.AppendUint32(append(b, m|26), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(b, m|27), v)
 }
 
 // extraKeys is what vLLM folds into a block's hash besides its tokens

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fxamacker/cbor/v2"
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -915,5 +916,65 @@ func TestNewRejects(t *testing.T) {
 				t.Error("New succeeded, want an error")
 			}
 		})
+	}
+}
+
+// TestBlockEncoding checks the hand-written encoding of a block without
+// extra keys against the CBOR library's canonical encoding, across every
+// integer width boundary a token id or a block length can cross.
+func TestBlockEncoding(t *testing.T) {
+	em, err := cbor.CoreDetEncOptions().EncMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parent replica.Digest
+	for i := range parent {
+		parent[i] = byte(i * 7)
+	}
+	edges := []int{0, 1, 23, 24, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<63 - 1}
+	for _, tt := range []struct {
+		name   string
+		tokens []int
+	}{
+		{"empty", nil},
+		{"one", []int{5}},
+		{"edges", edges},
+		{"23 tokens", make([]int, 23)},
+		{"24 tokens", make([]int, 24)},
+		{"256 tokens", make([]int, 256)},
+		{"mixed", append(make([]int, 300), edges...)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			toks := make([]uint64, len(tt.tokens))
+			for i, v := range tt.tokens {
+				toks[i] = uint64(v)
+			}
+			want, err := em.Marshal([]any{parent[:], toks, nil})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := replica.AppendBlock(nil, parent, tt.tokens); !bytes.Equal(got, want) {
+				t.Errorf("encoding differs from the library's:\n got %x\nwant %x", got, want)
+			}
+		})
+	}
+}
+
+// TestTokenEncoding checks the hand-written token lists against the
+// msgpack encoder's own shortest forms, at every width boundary.
+func TestTokenEncoding(t *testing.T) {
+	toks := []int{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, 1<<63 - 1}
+	var want bytes.Buffer
+	enc := msgpack.NewEncoder(&want)
+	if err := enc.EncodeArrayLen(len(toks)); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range toks {
+		if err := enc.EncodeUint(uint64(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := replica.EncodeTokens(toks); !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("token list encoding:\n got %x\nwant %x", got, want.Bytes())
 	}
 }
