@@ -14,6 +14,6 @@ go test -run '^$' -bench 'Decision' -benchtime 300x ./tests/
 echo "== store: lookup, apply, memory per entry"
 go test -run '^$' -bench 'Lookup|Ping|Apply|Memory' -benchtime 1s ./store/
 echo "== event ingestion vs redis-benchmark HSET (tests/)"
-go test -run '^$' -bench 'Ingest' -benchtime 1x ./tests/
+go test -run '^$' -bench 'Ingest' -benchtime 5x ./tests/
 echo "== simulator speed on the full Mooncake trace (sim/)"
 go test -run '^$' -bench 'Trace' -benchtime 3x ./sim/
