@@ -9,7 +9,7 @@ package replica
 // the Replica's mutex guards it together with the sequence counter so that
 // events leave in the order the cache changed.
 type lru struct {
-	cap   int
+	cap int
 	// index maps a digest's 64-bit form (the one events publish) to its
 	// node: a map keyed by the whole 32 bytes spent more time hashing and
 	// missing cache than the rest of the replica. Two held digests sharing
