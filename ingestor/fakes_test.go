@@ -28,20 +28,21 @@ type fakeStore struct {
 	resets   map[string]int
 	failNext int // ApplyRun errors left to return
 
-	replicas []kvroute.Replica
-	version  int64
-	leases   map[string]string
-	health   map[string]kvroute.Health
-	scraped  map[string][3]float64
-	purged   map[string]int
-	swept    int
+	replicas  []kvroute.Replica
+	version   int64
+	leases    map[string]string
+	health    map[string]kvroute.Health
+	scraped   map[string][3]float64
+	blockSize map[string]int
+	purged    map[string]int
+	swept     int
 }
 
 func newFakeStore() *fakeStore {
 	return &fakeStore{
 		seq: map[string]int64{}, e2r: map[string]map[uint64]kvroute.BlockKey{},
 		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, calls: map[string]int{}, resets: map[string]int{},
-		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{},
+		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{}, blockSize: map[string]int{},
 		purged: map[string]int{},
 	}
 }
@@ -163,6 +164,13 @@ func (s *fakeStore) SetHealth(_ context.Context, id string, h kvroute.Health, _ 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.health[id] = h
+	return nil
+}
+
+func (s *fakeStore) SetBlockSize(_ context.Context, id string, size int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.blockSize[id] = size
 	return nil
 }
 

@@ -73,7 +73,9 @@ func (in *Ingestor) probeOne(ctx context.Context, o *owned) {
 }
 
 // scrapeMetrics reads every owned replica's load gauges into the store, so
-// that scoring sees traffic that bypassed the router.
+// that scoring sees traffic that bypassed the router, and its block size
+// into the registry, so that the router keys requests as the replica's
+// events are keyed.
 func (in *Ingestor) scrapeMetrics(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, o := range in.ownedList() {
@@ -88,6 +90,11 @@ func (in *Ingestor) scrapeMetrics(ctx context.Context) {
 			})
 			if err == nil {
 				err = in.st.SetScraped(ctx, o.rep.Model, o.rep.ID, v.Waiting, v.Running, v.KVUsage)
+			}
+			if err == nil && v.BlockSize > 0 && v.BlockSize <= kvroute.MaxBlockSize && v.BlockSize != o.rep.BlockSize {
+				// o.rep is the registry as last loaded; the store
+				// writes only a change, so a stale copy costs a read.
+				err = in.st.SetBlockSize(ctx, o.rep.ID, v.BlockSize)
 			}
 			if err != nil {
 				in.m.scrapes.WithLabelValues("error").Inc()

@@ -37,6 +37,7 @@ type Store interface {
 	ReleaseOwnership(ctx context.Context, name, owner string) error
 	SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error
 	SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error
+	SetBlockSize(ctx context.Context, id string, size int) error
 	SweepExpired(ctx context.Context, model string) (int, error)
 	PurgeReplica(ctx context.Context, model, replica string) error
 }

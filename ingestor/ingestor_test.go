@@ -214,7 +214,8 @@ func TestIngestorRegistry(t *testing.T) {
 	st := newFakeStore()
 	h := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
-			fmt.Fprint(w, "vllm:num_requests_waiting{engine=\"0\"} 1\nvllm:num_requests_running{engine=\"0\"} 2\nvllm:gpu_cache_usage_perc{engine=\"0\"} 0.5\n")
+			fmt.Fprint(w, "vllm:num_requests_waiting{engine=\"0\"} 1\nvllm:num_requests_running{engine=\"0\"} 2\nvllm:gpu_cache_usage_perc{engine=\"0\"} 0.5\n"+
+				"vllm:cache_config_info{block_size=\"32\",engine=\"0\"} 1.0\n")
 		}
 	}))
 	defer h.Close()
@@ -230,8 +231,13 @@ func TestIngestorRegistry(t *testing.T) {
 	eventually(t, "r1 scraped", func() bool {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		return st.scraped["r1"] == [3]float64{1, 2, 0.5}
+		return st.scraped["r1"] == [3]float64{1, 2, 0.5} && st.blockSize["r1"] == 32
 	})
+	st.mu.Lock()
+	if _, ok := st.blockSize["r2"]; ok {
+		t.Error("block size written for r2, which another ingestor owns")
+	}
+	st.mu.Unlock()
 	st.setReplicas(kvroute.Replica{ID: "r2", Model: "m", URL: h.URL})
 	eventually(t, "deleted r1 dropped and purged", func() bool {
 		st.mu.Lock()

@@ -128,6 +128,32 @@ func (s *Store) RegistryVersion(ctx context.Context) (int64, error) {
 // registry version moves only when the health changes, so that routine
 // probes do not make every ingestor reload.
 func (s *Store) SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error {
+	return s.updateReplica(ctx, "set health", id, func(r *kvroute.Replica) bool {
+		changed := r.Health != h
+		r.Health, r.Checked = h, at
+		return changed
+	})
+}
+
+// SetBlockSize records the block size the replica reports (vLLM's
+// cache_config_info), which the router keys the model's requests with. It
+// writes, and moves the registry version, only when the size changes.
+func (s *Store) SetBlockSize(ctx context.Context, id string, size int) error {
+	if size <= 0 || size > kvroute.MaxBlockSize {
+		return fmt.Errorf("store: set block size %q: %d: %w", id, size, kvroute.ErrInvalidInput)
+	}
+	return s.updateReplica(ctx, "set block size", id, func(r *kvroute.Replica) bool {
+		changed := r.BlockSize != size
+		r.BlockSize = size
+		return changed
+	})
+}
+
+// updateReplica rewrites one registered replica under optimistic locking:
+// edit changes it and reports whether the change must move the registry
+// version (ingestors reload on a move). An edit that neither changes the
+// replica nor records a probe time is not written back.
+func (s *Store) updateReplica(ctx context.Context, op, id string, edit func(*kvroute.Replica) bool) error {
 	for range 16 {
 		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
 			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
@@ -140,8 +166,11 @@ func (s *Store) SetHealth(ctx context.Context, id string, h kvroute.Health, at t
 			if err := json.Unmarshal(b, &r); err != nil {
 				return err
 			}
-			changed := r.Health != h
-			r.Health, r.Checked = h, at
+			before := r
+			changed := edit(&r)
+			if !changed && r.Checked.Equal(before.Checked) {
+				return nil
+			}
 			nb, err := json.Marshal(r)
 			if err != nil {
 				return err
@@ -158,9 +187,9 @@ func (s *Store) SetHealth(ctx context.Context, id string, h kvroute.Health, at t
 		if err == redis.TxFailedErr {
 			continue
 		}
-		return wrap("set health", err)
+		return wrap(op, err)
 	}
-	return fmt.Errorf("store: set health %q: too much contention", id)
+	return fmt.Errorf("store: %s %q: too much contention", op, id)
 }
 
 // Acquire takes or renews the ownership lease name for owner (an ingestor

@@ -56,6 +56,27 @@ func TestRegistry(t *testing.T) {
 			t.Errorf("get unknown = %v, want ErrNotFound", err)
 		}
 
+		// A reported block size is kept; only a change moves the version.
+		for range 2 {
+			if err := e.s.SetBlockSize(ctx, "b", 32); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, err := e.s.GetReplica(ctx, "b"); err != nil || got.BlockSize != 32 || got.Health != kvroute.HealthUnhealthy {
+			t.Errorf("get after set block size = %+v, %v; want block size 32, health kept", got, err)
+		}
+		if v := version(); v != v0+4 {
+			t.Errorf("version after block size change = %d, want %d", v, v0+4)
+		}
+		for _, bad := range []int{0, -1, kvroute.MaxBlockSize + 1} {
+			if err := e.s.SetBlockSize(ctx, "b", bad); !errors.Is(err, kvroute.ErrInvalidInput) {
+				t.Errorf("set block size %d = %v, want ErrInvalidInput", bad, err)
+			}
+		}
+		if err := e.s.SetBlockSize(ctx, "nope", 16); !errors.Is(err, kvroute.ErrNotFound) {
+			t.Errorf("set block size of unknown = %v, want ErrNotFound", err)
+		}
+
 		// Deleting a replica purges its state too.
 		k := []kvroute.BlockKey{1, 2}
 		if _, err := e.s.Apply(ctx, mdl, "b", 1, storeChain(k, 0, 2, kvroute.TierGPU)); err != nil {
@@ -71,8 +92,8 @@ func TestRegistry(t *testing.T) {
 		if err != nil || ov[0] != (kvroute.Overlap{}) {
 			t.Errorf("lookup after delete = %+v, %v; want zero", ov, err)
 		}
-		if v := version(); v != v0+4 {
-			t.Errorf("version after delete = %d, want %d", v, v0+4)
+		if v := version(); v != v0+5 {
+			t.Errorf("version after delete = %d, want %d", v, v0+5)
 		}
 	})
 }

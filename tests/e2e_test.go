@@ -366,3 +366,35 @@ func TestRedisDown(t *testing.T) {
 		t.Errorf("readyz with Redis down: %d %s, want 503", code, body)
 	}
 }
+
+// TestReportedBlockSize: replicas running 32-token blocks while the router
+// is configured for 16. The ingestor keys their events with the events' own
+// block size; once it has scraped the replicas' cache_config_info, the
+// router keys requests the same way and finds the prefix.
+func TestReportedBlockSize(t *testing.T) {
+	const big = 2 * bs
+	h := newHarness(t)
+	h.addReplica("r0", replica.Config{BlockSize: big})
+	h.addReplica("r1", replica.Config{BlockSize: big})
+	ing, _ := h.startIngestor("ing", h.openStore())
+	h.waitOwned(ing)
+	h.waitFor("block size reported", func() bool {
+		for _, id := range []string{"r0", "r1"} {
+			if r, err := h.st.GetReplica(h.ctx, id); err != nil || r.BlockSize != big {
+				return false
+			}
+		}
+		return true
+	})
+
+	r := rand.New(rand.NewPCG(9, 9))
+	p := prompt(r, nil, 6*big+3)
+	if _, err := h.reps["r1"].Admit(p, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.synced("r1")
+	d := h.route(prompt(r, p, big))
+	if d.Replica.ID != "r1" || d.Matched != 6 || d.Prompt != 7 {
+		t.Errorf("routed to %s with %d of %d blocks matched, want r1 with 6 of 7 (32-token blocks)", d.Replica.ID, d.Matched, d.Prompt)
+	}
+}

@@ -78,7 +78,9 @@ func (h *harness) openStore() *store.Store {
 func (h *harness) addReplica(id string, cfg replica.Config) *replica.Replica {
 	h.t.Helper()
 	cfg.Model = model
-	cfg.BlockSize = bs
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = bs
+	}
 	r, err := replica.New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
