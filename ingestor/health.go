@@ -27,7 +27,7 @@ func (in *Ingestor) probeHealth(ctx context.Context) {
 	wg.Wait()
 }
 
-func (in *Ingestor) probeOne(ctx context.Context, o *owned) {
+func (in *Ingestor) probeOne(ctx context.Context, o ownedRep) {
 	h := kvroute.HealthHealthy
 	if err := in.get(ctx, o.rep.URL+"/health", in.c.HealthInterval, nil); err != nil {
 		in.log.Debug("health probe", "replica", o.rep.ID, "err", err)

@@ -432,14 +432,23 @@ func (in *Ingestor) stopWorker(o *owned) {
 	<-o.done
 }
 
-func (in *Ingestor) ownedList() []*owned {
+// ownedList snapshots the replicas this ingestor follows, for the probes
+// and scrapes that run outside the lock.
+func (in *Ingestor) ownedList() []ownedRep {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	os := make([]*owned, 0, len(in.owned))
+	os := make([]ownedRep, 0, len(in.owned))
 	for _, o := range in.owned {
-		os = append(os, o)
+		os = append(os, ownedRep{o, o.rep})
 	}
 	return os
+}
+
+// ownedRep is an owned replica with a copy of its registry entry taken under
+// the lock: a registry reload rewrites o.rep while probes and scrapes run.
+type ownedRep struct {
+	*owned
+	rep kvroute.Replica
 }
 
 // models lists the models of every registered replica.
