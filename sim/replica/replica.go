@@ -149,7 +149,7 @@ type Replica struct {
 	// publish queue together: a batch's seq, its place in the replay buffer
 	// and its place on the wire follow the order the cache changed in.
 	mu         sync.Mutex
-	cache      *lru
+	cache      *blockLRU
 	seq        uint64
 	replay     []batch
 	pending    []batch // waiting for the publisher goroutine
