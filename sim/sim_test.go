@@ -289,14 +289,15 @@ func TestParseWeights(t *testing.T) {
 	}
 }
 
-var fullFlag = flag.Bool("full", false, "run the full-trace comparison (slow)")
-
-// TestFullTrace is opt-in (-full or KVROUTE_SIM_FULL=1): the whole synthetic
-// trace at 4, 8 and 16 replicas, every policy, checked against the default
-// kv targets. Misses are logged, not failed: they are findings.
+// TestFullTrace replays the whole Mooncake synthetic trace (from
+// ../shared/traces; skipped where it is absent) at 4, 8 and 16 replicas
+// under every policy and checks the default kv weights against the
+// targets: hit rate >= 0.9x pure affinity's and TTFT p99 <= 1.1x the
+// best. The load CV target (<= 1.5x least-load's) is logged, not checked:
+// it is missed at 16 replicas (see BENCHMARKS.md).
 func TestFullTrace(t *testing.T) {
-	if !*fullFlag && os.Getenv("KVROUTE_SIM_FULL") == "" {
-		t.Skip("opt-in: -full or KVROUTE_SIM_FULL=1")
+	if testing.Short() {
+		t.Skip("-short: the full trace takes a few seconds")
 	}
 	w := loadTrace(t)
 	for _, n := range []int{4, 8, 16} {
@@ -318,6 +319,12 @@ func TestFullTrace(t *testing.T) {
 		}
 		kv := by[scoring.PolicyKV]
 		ll := by[scoring.PolicyLeastLoad]
+		if got := kv.HitRate / by[scoring.PolicyPureAffinity].HitRate; got < 0.9 {
+			t.Errorf("%d replicas: kv hit rate %.2fx pure affinity's, want >= 0.90", n, got)
+		}
+		if got := kv.TTFT.P99 / bestP99; got > 1.1 {
+			t.Errorf("%d replicas: kv TTFT p99 %.2fx the best, want <= 1.10", n, got)
+		}
 		t.Logf("targets at %d: hit %.2f of pure affinity's (want >= 0.90), TTFT p99 %.2fx best (want <= 1.10), load CV %.2fx least-load's in 0.5 s bins, %.2fx over the run (want <= 1.50)",
 			n, kv.HitRate/by[scoring.PolicyPureAffinity].HitRate, kv.TTFT.P99/bestP99, kv.LoadCVBinned/ll.LoadCVBinned, kv.LoadCV/ll.LoadCV)
 	}
