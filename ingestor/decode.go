@@ -703,6 +703,14 @@ func (st *decoder) field(f *fields, id int) error {
 // hashes reads block_hashes: a list of engine hashes, else the event is
 // malformed; a list with an unusable hash has a bad hash.
 func (st *decoder) hashes() ([]uint64, string, error) {
+	return list(st, SkipBadHash, func() (uint64, bool, error) { return st.hash(2) })
+}
+
+// list reads a list whose elements are T: plain unsigned integers through
+// the fast path (uints), anything else through elem, which reports whether
+// the element is usable. A value that is not a list makes the event
+// malformed; an unusable element earns it reason.
+func list[T uint32 | uint64](st *decoder, reason string, elem func() (T, bool, error)) ([]T, string, error) {
 	c, err := st.d.PeekCode()
 	if err != nil {
 		return nil, "", err
@@ -717,20 +725,21 @@ func (st *decoder) hashes() ([]uint64, string, error) {
 	if err := st.fits(n); err != nil {
 		return nil, "", err
 	}
-	out := make([]uint64, n)
-	reason := ""
+	out := make([]T, n)
+	bad := ""
 	for i := 0; ; i++ {
+		// The fast path stops at anything else; msgpack reads that one.
 		if i += uints(st, out[i:]); i == n {
-			return out, reason, nil
+			return out, bad, nil
 		}
-		h, ok, err := st.hash(2)
+		v, ok, err := elem()
 		if err != nil {
 			return nil, "", err
 		}
 		if !ok {
-			reason = SkipBadHash
+			bad = reason
 		}
-		out[i] = h
+		out[i] = v
 	}
 }
 
@@ -765,36 +774,13 @@ func (st *decoder) hash(depth int) (h uint64, ok bool, err error) {
 // tokens reads token_ids: a list of ids in uint32 range, else the event is
 // malformed.
 func (st *decoder) tokens() ([]uint32, string, error) {
-	c, err := st.d.PeekCode()
-	if err != nil {
-		return nil, "", err
-	}
-	if !isArray(c) {
-		return nil, SkipMalformed, walk(st.d, 1)
-	}
-	n, err := st.d.DecodeArrayLen()
-	if err != nil {
-		return nil, "", err
-	}
-	if err := st.fits(n); err != nil {
-		return nil, "", err
-	}
-	out := make([]uint32, n)
-	reason := ""
-	for i := 0; ; i++ {
-		// The fast path stops at anything else; msgpack reads that one.
-		if i += uints(st, out[i:]); i == n {
-			return out, reason, nil
-		}
+	return list(st, SkipMalformed, func() (uint32, bool, error) {
 		t, ok, err := st.int(2)
-		if err != nil {
-			return nil, "", err
-		}
 		if !ok || t < 0 || t > math.MaxUint32 {
-			reason = SkipMalformed
+			return 0, false, err
 		}
-		out[i] = uint32(t)
-	}
+		return uint32(t), true, err
+	})
 }
 
 // uints reads into out, in place, the values ahead that are unsigned
