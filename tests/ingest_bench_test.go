@@ -69,17 +69,9 @@ func BenchmarkIngest(b *testing.B) {
 		admitted := time.Since(start)
 		// Poll every millisecond, not at waitFor's 20 ms: the poll's
 		// granularity is part of the measured time.
+		h.poll = time.Millisecond
 		for i := range nRep {
-			id := "r" + strconv.Itoa(i)
-			want := h.reps[id].Seq() - 1
-			for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
-				if seq, ok, err := h.st.AppliedSeq(h.ctx, model, id); err == nil && ok && seq == want {
-					break
-				}
-				if time.Now().After(deadline) {
-					b.Fatalf("%s not applied up to seq %d within a minute", id, want)
-				}
-			}
+			h.synced("r" + strconv.Itoa(i))
 		}
 		elapsed := time.Since(start)
 		b.StopTimer()
