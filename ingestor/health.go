@@ -91,9 +91,10 @@ func (in *Ingestor) scrapeMetrics(ctx context.Context) {
 			if err == nil {
 				err = in.st.SetScraped(ctx, o.rep.Model, o.rep.ID, v.Waiting, v.Running, v.KVUsage)
 			}
-			if err == nil && v.BlockSize > 0 && v.BlockSize <= kvroute.MaxBlockSize && v.BlockSize != o.rep.BlockSize {
+			if err == nil && v.BlockSize > 0 && v.BlockSize != o.rep.BlockSize {
 				// o.rep is the registry as last loaded; the store
-				// writes only a change, so a stale copy costs a read.
+				// writes only a change, so a stale copy costs a read,
+				// and rejects an impossible size (a counted error).
 				err = in.st.SetBlockSize(ctx, o.rep.ID, v.BlockSize)
 			}
 			if err != nil {
