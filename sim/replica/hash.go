@@ -63,7 +63,7 @@ func (h *hasher) block(parent *Digest, tokens []int, extra []any) (Digest, error
 		// library's reflection cost more than the hash itself, and the
 		// replicas' hashing competes with the ingestor in benchmarks.
 		// TestBlockEncoding keeps it byte-identical to the library's.
-		var buf [64 + 9*64]byte
+		var buf [64 + 9*64]byte // room for 64 tokens without growing
 		return sha256.Sum256(appendBlock(buf[:0], p, tokens)), nil
 	}
 	toks := make([]uint64, len(tokens))
