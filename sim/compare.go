@@ -124,11 +124,11 @@ func ParseWeights(base scoring.Config, s string) (scoring.Config, error) {
 // WriteTable prints one row per report.
 func WriteTable(w io.Writer, reports []Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\thit%\tphantom%\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\tmakespan s\tload CV\tCV 0.5s\tsticky%\t")
+	fmt.Fprintln(tw, "policy\thit%\tphantom%\tTTFT p50 ms\tTTFT p99 ms\tE2E p50 ms\tE2E p99 ms\tmakespan s\tKV CV 0.5s\treq CV 0.5s\treq CV run\tsticky%\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.3f\t%.3f\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.3f\t%.3f\t%.3f\t%.1f\t\n",
 			r.Policy, 100*r.HitRate, 100*r.PhantomHitRate, r.TTFT.P50, r.TTFT.P99, r.E2E.P50, r.E2E.P99,
-			r.MakespanS, r.LoadCV, r.LoadCVBinned, 100*r.Stickiness)
+			r.MakespanS, r.DecodeBlockCVBinned, r.LoadCVBinned, r.LoadCV, 100*r.Stickiness)
 	}
 	return tw.Flush()
 }

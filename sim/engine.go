@@ -191,6 +191,7 @@ type engine struct {
 	requests            int
 	promptTok, servedTk int64
 	outstanding         int
+	decodeBlocks        int // KV blocks of requests in their decode phase
 }
 
 type loadView struct{ prefill, decode, reqs float64 }
@@ -223,7 +224,8 @@ type run struct {
 	last    map[string]int32
 	sticky  [2]int
 	counter uint64
-	trail   []change
+	trail   []change // outstanding requests per replica
+	kvTrail []change // decode-phase KV blocks per replica
 	scratch []kvroute.BlockKey
 }
 
@@ -498,6 +500,8 @@ func (r *run) prefillDone(i int32) {
 		st.fresh = nil
 	}
 	r.load[p].prefill -= st.prefillBook
+	e.decodeBlocks += len(q.Keys) + st.outBlocks
+	r.kvTrail = append(r.kvTrail, change{r.now, int32(p), int32(e.decodeBlocks)})
 	d := seconds(float64(max(q.OutputTokens-1, 0)) / r.cfg.DecodeTPS)
 	r.push(event{at: r.now + d, kind: evDecodeDone, rep: int32(p), req: i})
 	r.tryStart(p)
@@ -531,6 +535,8 @@ func (r *run) decodeDone(i int32) {
 	}
 	e.outstanding--
 	r.trail = append(r.trail, change{r.now, int32(p), int32(e.outstanding)})
+	e.decodeBlocks -= len(q.Keys) + st.outBlocks
+	r.kvTrail = append(r.kvTrail, change{r.now, int32(p), int32(e.decodeBlocks)})
 	r.load[p].decode -= st.decodeBook
 	r.load[p].reqs--
 	if r.load[p].reqs == 0 { // shed float drift

@@ -49,6 +49,17 @@ type Report struct {
 	// balanced policy, so ratios between policies stay meaningful where
 	// LoadCV's small numbers are mostly noise.
 	LoadCVBinned float64 `json:"load_cv_binned"`
+	// DecodeBlockCVBinned is the seed's recommended balance measure
+	// ("track per-replica active-decode-block dispersion alongside hit
+	// rate"), reconstructed as Anyscale's footnote describes it: in every
+	// LoadCVBin, the CV across replicas of the KV blocks held by requests
+	// in their decode phase (each request's prompt plus output blocks,
+	// from first token to last), averaged over the bins where any replica
+	// holds some. It weighs a long-context request by the memory and
+	// decode bandwidth it takes, where LoadCVBinned counts it as one.
+	// DecodeBlockCV is the same level's whole-run CV, LoadCV's analogue.
+	DecodeBlockCVBinned float64 `json:"decode_block_cv_binned"`
+	DecodeBlockCV       float64 `json:"decode_block_cv"`
 	// BusyCV is the coefficient of variation of per-replica busy time.
 	BusyCV float64 `json:"busy_cv"`
 	// Stickiness is the share of requests with a session predecessor that
@@ -81,6 +92,9 @@ type ReplicaStats struct {
 	// MeanOutstanding is the time-averaged number of requests routed to
 	// the replica and not yet finished.
 	MeanOutstanding float64 `json:"mean_outstanding"`
+	// MeanDecodeBlocks is the time-averaged KV blocks held by requests in
+	// their decode phase (see DecodeBlockCVBinned).
+	MeanDecodeBlocks float64 `json:"mean_decode_blocks"`
 }
 
 func ms(d time.Duration) float64 { return round(float64(d)/float64(time.Millisecond), 3) }
@@ -179,20 +193,52 @@ func (r *run) report() Report {
 		rep.Stickiness = round(float64(r.sticky[0])/float64(r.sticky[1]), 6)
 	}
 
-	// Integrate outstanding requests per replica over time, overall and
-	// per timeline bin.
-	bins := r.cfg.TimelineBins
-	rep.Timeline = make([][]float64, n)
-	for i := range rep.Timeline {
-		rep.Timeline[i] = make([]float64, bins)
+	mean, binned, timeline := integrate(r.trail, n, start, span, r.cfg.TimelineBins)
+	rep.Timeline = timeline
+	kvMean, kvBinned, _ := integrate(r.kvTrail, n, start, span, 0)
+	busy := make([]float64, n)
+	for p := range n {
+		e := &r.eng[p]
+		busy[p] = e.busySum.Seconds()
+		hr := 0.0
+		if e.promptTok > 0 {
+			hr = float64(e.servedTk) / float64(e.promptTok)
+		}
+		rep.PerReplica[p] = ReplicaStats{
+			Requests: e.requests, HitRate: round(hr, 6), BusyS: round(busy[p], 3),
+			PrefillS: round(e.prefillSum.Seconds(), 3), MeanOutstanding: round(mean[p], 4),
+			MeanDecodeBlocks: round(kvMean[p], 4),
+		}
 	}
+	rep.LoadCV = round(cv(mean), 6)
+	rep.LoadCVBinned = round(binned, 6)
+	rep.DecodeBlockCV = round(cv(kvMean), 6)
+	rep.DecodeBlockCVBinned = round(kvBinned, 6)
+	rep.BusyCV = round(cv(busy), 6)
+	return rep
+}
+
+// integrate turns a trail of per-replica levels into each replica's
+// time-averaged level over [start, start+span) and the mean, over the
+// LoadCVBin bins where any replica's level is non-zero, of the
+// across-replica CV within the bin. With bins > 0 it also writes the
+// level averaged over that many equal bins per replica to *timeline.
+func integrate(trail []change, n int, start, span time.Duration, bins int) (mean []float64, binned float64, timeline [][]float64) {
 	area := make([]float64, n)
 	lastT := make([]time.Duration, n)
 	lastC := make([]int32, n)
 	for i := range lastT {
 		lastT[i] = start
 	}
-	binW := float64(span) / float64(bins)
+	var tl [][]float64
+	binW := 0.0
+	if bins > 0 {
+		tl = make([][]float64, n)
+		for i := range tl {
+			tl[i] = make([]float64, bins)
+		}
+		binW = float64(span) / float64(bins)
+	}
 	cvW := float64(LoadCVBin)
 	cvBins := int(math.Ceil(float64(span) / cvW))
 	if cvBins > maxCVBins {
@@ -217,36 +263,25 @@ func (r *run) report() Report {
 		}
 		area[p] += float64(c) * float64(to-from)
 		spread(fine[p], cvW, float64(from-start), float64(to-start), float64(c))
-		if binW <= 0 {
-			return
+		if binW > 0 {
+			spread(tl[p], binW, float64(from-start), float64(to-start), float64(c))
 		}
-		spread(rep.Timeline[p], binW, float64(from-start), float64(to-start), float64(c))
 	}
-	for _, ch := range r.trail {
+	for _, ch := range trail {
 		add(int(ch.rep), lastT[ch.rep], ch.at, lastC[ch.rep])
 		lastT[ch.rep], lastC[ch.rep] = ch.at, ch.count
 	}
-	mean := make([]float64, n)
-	busy := make([]float64, n)
+	mean = make([]float64, n)
 	for p := range n {
-		e := &r.eng[p]
 		if span > 0 {
 			mean[p] = area[p] / float64(span)
 		}
-		busy[p] = e.busySum.Seconds()
-		hr := 0.0
-		if e.promptTok > 0 {
-			hr = float64(e.servedTk) / float64(e.promptTok)
-		}
-		rep.PerReplica[p] = ReplicaStats{
-			Requests: e.requests, HitRate: round(hr, 6), BusyS: round(busy[p], 3),
-			PrefillS: round(e.prefillSum.Seconds(), 3), MeanOutstanding: round(mean[p], 4),
-		}
-		for k := range rep.Timeline[p] {
-			rep.Timeline[p][k] = round(rep.Timeline[p][k], 3)
+	}
+	for p := range tl {
+		for k := range tl[p] {
+			tl[p][k] = round(tl[p][k], 3)
 		}
 	}
-	rep.LoadCV = round(cv(mean), 6)
 	col := make([]float64, n)
 	var sum float64
 	var used int
@@ -262,8 +297,7 @@ func (r *run) report() Report {
 		}
 	}
 	if used > 0 {
-		rep.LoadCVBinned = round(sum/float64(used), 6)
+		binned = sum / float64(used)
 	}
-	rep.BusyCV = round(cv(busy), 6)
-	return rep
+	return mean, binned, tl
 }

@@ -55,8 +55,8 @@ func WriteSVG(w io.Writer, reports []Report) error {
 	for i, r := range reports {
 		c := palette[i%len(palette)]
 		cx, cy := sx(r.HitRate), sy(r.TTFT.P99)
-		p(`<circle cx="%.1f" cy="%.1f" r="6" fill="%s"><title>%s: hit %.1f%%, TTFT p99 %.0f ms, load CV %.3f</title></circle>`+"\n",
-			cx, cy, c, html.EscapeString(string(r.Policy)), 100*r.HitRate, r.TTFT.P99, r.LoadCV)
+		p(`<circle cx="%.1f" cy="%.1f" r="6" fill="%s"><title>%s: hit %.1f%%, TTFT p99 %.0f ms, CV in 0.5 s bins: %.3f decode KV blocks, %.3f requests</title></circle>`+"\n",
+			cx, cy, c, html.EscapeString(string(r.Policy)), 100*r.HitRate, r.TTFT.P99, r.DecodeBlockCVBinned, r.LoadCVBinned)
 		p(`<text x="%.1f" y="%.1f" fill="%s">%s</text>`+"\n", cx+9, cy-6+float64(i%3)*12, c, html.EscapeString(string(r.Policy)))
 	}
 
@@ -77,7 +77,7 @@ func WriteSVG(w io.Writer, reports []Report) error {
 		oy := top + float64(i/cols)*(ph+40) + 10
 		p(`<g transform="translate(%.0f,%.0f)">`+"\n", ox, oy)
 		p(`<rect width="%d" height="%d" fill="none" stroke="#888"/>`+"\n", pw, ph)
-		p(`<text x="%d" y="-4" text-anchor="middle">%s (CV %.3f, makespan %.0f s)</text>`+"\n", pw/2, html.EscapeString(string(r.Policy)), r.LoadCV, r.MakespanS)
+		p(`<text x="%d" y="-4" text-anchor="middle">%s (request CV %.3f, makespan %.0f s)</text>`+"\n", pw/2, html.EscapeString(string(r.Policy)), r.LoadCVBinned, r.MakespanS)
 		p(`<text x="-4" y="10" text-anchor="end" font-size="10">%.0f</text><text x="-4" y="%d" text-anchor="end" font-size="10">0</text>`+"\n", maxL, ph)
 		for k, s := range r.Timeline {
 			if len(s) == 0 {

@@ -58,6 +58,8 @@ type SweepRow struct {
 	TTFTP99          float64 `json:"ttft_p99_ms"`
 	LoadCV           float64 `json:"load_cv"`
 	LoadCVBinned     float64 `json:"load_cv_binned"`
+	// DecodeBlockCVBinned is the report's field of that name.
+	DecodeBlockCVBinned float64 `json:"decode_block_cv_binned"`
 }
 
 // SweepResult ranks the grid by the objective, best first; ties go to the
@@ -109,7 +111,7 @@ func Sweep(ctx context.Context, cfg Config, base scoring.Config, g Grid, objecti
 		res.Rows = append(res.Rows, SweepRow{
 			OverlapCredit: sc.OverlapCredit, CreditDecay: sc.CreditDecay, PrefillLoadScale: sc.PrefillLoadScale,
 			HostWeight: sc.HostWeight, Objective: v, HitRate: r.HitRate, TTFTP99: r.TTFT.P99, LoadCV: r.LoadCV,
-			LoadCVBinned: r.LoadCVBinned,
+			LoadCVBinned: r.LoadCVBinned, DecodeBlockCVBinned: r.DecodeBlockCVBinned,
 		})
 		order[i] = i
 	}
@@ -142,13 +144,13 @@ func WriteSweep(w io.Writer, s SweepResult, top int) error {
 	fmt.Fprintf(w, "best by %s: overlap_credit=%g,credit_decay=%g,prefill_load_scale=%g,host_weight=%g\n",
 		s.Objective, b.OverlapCredit, b.CreditDecay, b.PrefillLoadScale, b.HostWeight)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "rank\tcredit\tdecay\tprefill scale\thost\t"+s.Objective+"\thit%\tTTFT p99 ms\tload CV\tCV 0.5s\t")
+	fmt.Fprintln(tw, "rank\tcredit\tdecay\tprefill scale\thost\t"+s.Objective+"\thit%\tTTFT p99 ms\tKV CV 0.5s\treq CV 0.5s\treq CV run\t")
 	for i, r := range s.Rows {
 		if top > 0 && i >= top {
 			break
 		}
-		fmt.Fprintf(tw, "%d\t%g\t%g\t%g\t%g\t%.1f\t%.1f\t%.0f\t%.3f\t%.3f\t\n", i+1, r.OverlapCredit, r.CreditDecay,
-			r.PrefillLoadScale, r.HostWeight, r.Objective, 100*r.HitRate, r.TTFTP99, r.LoadCV, r.LoadCVBinned)
+		fmt.Fprintf(tw, "%d\t%g\t%g\t%g\t%g\t%.1f\t%.1f\t%.0f\t%.3f\t%.3f\t%.3f\t\n", i+1, r.OverlapCredit, r.CreditDecay,
+			r.PrefillLoadScale, r.HostWeight, r.Objective, 100*r.HitRate, r.TTFTP99, r.DecodeBlockCVBinned, r.LoadCVBinned, r.LoadCV)
 	}
 	return tw.Flush()
 }

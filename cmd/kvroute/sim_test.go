@@ -60,7 +60,7 @@ func TestSim(t *testing.T) {
 		if err := runSim(context.Background(), []string{"--workload", "herding", "--replicas", "4", "--svg", svg}, &stdout, &stderr); err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"hit%", "TTFT p99 ms", "load CV", "CV 0.5s", "pure-affinity"} {
+		for _, want := range []string{"hit%", "TTFT p99 ms", "KV CV 0.5s", "req CV 0.5s", "pure-affinity"} {
 			if !strings.Contains(stdout.String(), want) {
 				t.Errorf("table lacks %q:\n%s", want, stdout.String())
 			}
