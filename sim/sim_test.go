@@ -369,3 +369,58 @@ func BenchmarkTrace(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTrace12k replays a 11,979-request trace, the synthetic trace
+// three times over (each copy after the last, with its own hash ids, so
+// the fleet serves three traces' worth of distinct prompts at the same
+// rate), under every policy at 16 replicas: the issue's "12,000-request
+// class of trace".
+func BenchmarkTrace12k(b *testing.B) {
+	raw, err := os.ReadFile(tracePath)
+	if err != nil {
+		b.Skip("trace not available:", err)
+	}
+	type line struct {
+		Timestamp    float64  `json:"timestamp"`
+		InputLength  int      `json:"input_length"`
+		OutputLength int      `json:"output_length"`
+		HashIDs      []uint64 `json:"hash_ids"`
+	}
+	var lines []line
+	var span float64
+	for _, s := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var l line
+		if err := json.Unmarshal([]byte(s), &l); err != nil {
+			b.Fatal(err)
+		}
+		lines = append(lines, l)
+		span = math.Max(span, l.Timestamp)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for c := range 3 {
+		for _, l := range lines {
+			l.Timestamp += float64(c) * (span + 1000)
+			ids := make([]uint64, len(l.HashIDs))
+			for i, h := range l.HashIDs {
+				ids[i] = h + uint64(c)<<32
+			}
+			l.HashIDs = ids
+			if err := enc.Encode(l); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	w, err := sim.LoadMooncake(&buf, sim.MooncakeOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := sim.DefaultConfig()
+	cfg.Replicas = 16
+	b.ReportMetric(float64(len(w.Requests)), "requests")
+	for b.Loop() {
+		if _, err := sim.Compare(context.Background(), cfg, scoring.DefaultConfig(), scoring.Policies, w); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
