@@ -18,9 +18,13 @@
 //   - One prefill at a time at PrefillTPS over the uncached prompt tokens
 //     (at least one token); the first token is emitted when it ends.
 //   - Decode at DecodeTPS per request, concurrently for every running
-//     request; decode does not slow prefill or other decodes. This is the
-//     model's biggest simplification: in a real engine a large decode batch
-//     steals step time from prefill.
+//     request. By default decode does not slow prefill or other decodes;
+//     with DecodeSlowdown it is bandwidth-bound instead: every decoding
+//     request on a replica runs at DecodeTPS/(1+DecodeSlowdown*u), u the
+//     share of the cache that replica's decoding requests hold, recomputed
+//     whenever one starts or ends decoding. Decode never slows prefill:
+//     this is the model's biggest simplification, since in a real engine a
+//     large decode batch steals step time from prefill.
 //   - Cache events: BlockStored for the blocks a request inserted, when its
 //     prefill ends (and for decode keys at completion); BlockRemoved at
 //     eviction. Each batch reaches the router's index after EventDelay,

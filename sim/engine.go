@@ -28,6 +28,14 @@ type Config struct {
 	PrefillTPS float64 `json:"prefill_tps"`
 	// DecodeTPS is tokens per second per running request.
 	DecodeTPS float64 `json:"decode_tps"`
+	// DecodeSlowdown makes decode memory-bandwidth bound, as a real
+	// engine's is: every step reads the KV of the whole batch, so each
+	// decoding request runs at DecodeTPS/(1+DecodeSlowdown*u), u the share
+	// of the cache held by requests in their decode phase. 0 (the
+	// default) keeps the fixed per-request rate of the seed's models, in
+	// which stacking requests on one replica costs no decode speed; 1
+	// halves decode speed when decoding requests fill the cache.
+	DecodeSlowdown float64 `json:"decode_slowdown,omitempty"`
 	// MaxBatch bounds the requests an engine runs at once.
 	MaxBatch int `json:"max_batch"`
 	// EventDelay is how long an engine's cache events take to reach the
@@ -113,6 +121,8 @@ func (c Config) Validate() error {
 		return errors.New("sim: event delay must be >= 0")
 	case c.DecodeBooking != "" && c.DecodeBooking != BookActive && c.DecodeBooking != BookOutput:
 		return fmt.Errorf("sim: decode booking must be %q or %q, got %q", BookActive, BookOutput, c.DecodeBooking)
+	case !(c.DecodeSlowdown >= 0) || math.IsInf(c.DecodeSlowdown, 0):
+		return fmt.Errorf("sim: decode slowdown must be a finite number >= 0, got %v", c.DecodeSlowdown)
 	case !(c.EventLoss >= 0 && c.EventLoss <= 1):
 		return fmt.Errorf("sim: event loss must be in 0..1, got %v", c.EventLoss)
 	}
@@ -138,6 +148,7 @@ const (
 type event struct {
 	at   time.Duration
 	seq  uint64
+	gen  uint64 // evDecodeDone under DecodeSlowdown: stale unless engine.gen
 	kind evKind
 	rep  int32
 	req  int32
@@ -172,6 +183,7 @@ type reqState struct {
 	prefillBook     float64
 	decodeBook      float64
 	outBlocks       int
+	vTarget         float64 // DecodeSlowdown: engine.vTok at which decode ends
 	fresh           []kvroute.BlockKey
 	followers       []int32
 	routed, started bool
@@ -192,6 +204,16 @@ type engine struct {
 	promptTok, servedTk int64
 	outstanding         int
 	decodeBlocks        int // KV blocks of requests in their decode phase
+	// Under DecodeSlowdown every decoding request on the engine advances
+	// at the same, changing, rate, so progress is kept on one clock: vTok
+	// tokens per request by vAt, at vRate tokens/s. dq orders decoding
+	// requests by the vTok at which they finish; gen invalidates the one
+	// scheduled completion when the rate changes.
+	vTok  float64
+	vAt   time.Duration
+	vRate float64
+	dq    decodeQueue
+	gen   uint64
 }
 
 type loadView struct{ prefill, decode, reqs float64 }
@@ -310,6 +332,10 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 		case evPrefillDone:
 			r.prefillDone(e.req)
 		case evDecodeDone:
+			if r.cfg.DecodeSlowdown > 0 {
+				r.slowDecodeDone(int(e.rep), e.gen)
+				break
+			}
 			r.decodeDone(e.req)
 		case evStore:
 			r.apply(true, int(e.rep), e.keys)
@@ -500,10 +526,19 @@ func (r *run) prefillDone(i int32) {
 		st.fresh = nil
 	}
 	r.load[p].prefill -= st.prefillBook
+	tokens := float64(max(q.OutputTokens-1, 0))
+	if r.cfg.DecodeSlowdown > 0 {
+		r.advance(p)
+		st.vTarget = e.vTok + tokens
+		heap.Push(&e.dq, decoding{st.vTarget, i})
+	}
 	e.decodeBlocks += len(q.Keys) + st.outBlocks
 	r.kvTrail = append(r.kvTrail, change{r.now, int32(p), int32(e.decodeBlocks)})
-	d := seconds(float64(max(q.OutputTokens-1, 0)) / r.cfg.DecodeTPS)
-	r.push(event{at: r.now + d, kind: evDecodeDone, rep: int32(p), req: i})
+	if r.cfg.DecodeSlowdown > 0 {
+		r.reschedule(p)
+	} else {
+		r.push(event{at: r.now + seconds(tokens/r.cfg.DecodeTPS), kind: evDecodeDone, rep: int32(p), req: i})
+	}
 	r.tryStart(p)
 }
 
@@ -549,3 +584,65 @@ func (r *run) decodeDone(i int32) {
 }
 
 func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
+
+// advance moves engine p's decode clock to now at its current rate.
+func (r *run) advance(p int) {
+	e := &r.eng[p]
+	e.vTok += e.vRate * (r.now - e.vAt).Seconds()
+	e.vAt = r.now
+}
+
+// reschedule sets engine p's decode rate from the KV its decoding
+// requests hold and schedules the next of them to finish, superseding any
+// completion scheduled at the old rate. Call advance first.
+func (r *run) reschedule(p int) {
+	e := &r.eng[p]
+	u := float64(e.decodeBlocks) / float64(r.cfg.CapacityBlocks)
+	e.vRate = r.cfg.DecodeTPS / (1 + r.cfg.DecodeSlowdown*u)
+	e.gen++
+	if len(e.dq) == 0 {
+		return
+	}
+	d := seconds(math.Max(e.dq[0].target-e.vTok, 0) / e.vRate)
+	r.push(event{at: r.now + d, kind: evDecodeDone, rep: int32(p), gen: e.gen})
+}
+
+// slowDecodeDone finishes engine p's next decoding request, unless the
+// event was superseded by a rate change.
+func (r *run) slowDecodeDone(p int, gen uint64) {
+	e := &r.eng[p]
+	if gen != e.gen || len(e.dq) == 0 {
+		return
+	}
+	r.advance(p)
+	d := heap.Pop(&e.dq).(decoding)
+	e.vTok = math.Max(e.vTok, d.target) // shed the rounding of the event time
+	r.decodeDone(d.req)
+	r.reschedule(p)
+}
+
+// decoding is one request in an engine's decode queue.
+type decoding struct {
+	target float64
+	req    int32
+}
+
+// decodeQueue is a min-heap by target, then request index, so that equal
+// targets finish in a deterministic order.
+type decodeQueue []decoding
+
+func (q decodeQueue) Len() int { return len(q) }
+func (q decodeQueue) Less(i, j int) bool {
+	if q[i].target != q[j].target {
+		return q[i].target < q[j].target
+	}
+	return q[i].req < q[j].req
+}
+func (q decodeQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *decodeQueue) Push(x any)   { *q = append(*q, x.(decoding)) }
+func (q *decodeQueue) Pop() any {
+	old := *q
+	d := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return d
+}

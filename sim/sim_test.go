@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/sim"
 )
@@ -296,6 +297,54 @@ func TestParseWeights(t *testing.T) {
 			t.Errorf("%q: got nil error", bad)
 		}
 	}
+}
+
+// TestDecodeSlowdown checks the bandwidth-bound decode model on one
+// replica: a request decodes at DecodeTPS/(1+slowdown*u), u the share of
+// the cache its decode-phase blocks (prompt plus output) hold, and a
+// second request decoding beside it slows both down.
+func TestDecodeSlowdown(t *testing.T) {
+	// Each request: a 1-block prompt of 10 tokens and 101 output tokens
+	// (11 blocks), so 12 of the cache's 100 blocks while it decodes and
+	// 100 tokens to decode after the first.
+	req := func(key uint64) sim.Request {
+		return sim.Request{Keys: []kvroute.BlockKey{kvroute.BlockKey(key)}, PromptTokens: 10, OutputTokens: 101}
+	}
+	const prefill = 1e-5 // seconds: 10 tokens at 1M tokens/s
+	for _, tc := range []struct {
+		name     string
+		slowdown float64
+		reqs     []sim.Request
+		// wantE2E is the last request's arrival-to-last-token time.
+		wantE2E float64
+	}{
+		{"fixed rate", 0, []sim.Request{req(1)}, prefill + 100/30.0},
+		{"alone", 1, []sim.Request{req(1)}, prefill + 100/(30/1.12)},
+		{"alone, slowdown 3", 3, []sim.Request{req(1)}, prefill + 100/(30/1.36)},
+		// The first decodes alone at 30/1.12 for one prefill time, while
+		// the second is prefilled; then both run at 30/1.24 until the
+		// first finishes, and the second, one prefill time of decode
+		// behind, finishes alone at 30/1.12 again.
+		{"two decoding", 1, []sim.Request{req(1), req(2)},
+			2*prefill + (100-prefill*30/1.12)/(30/1.24) + prefill},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := sim.Config{Replicas: 1, CapacityBlocks: 100, PrefillTPS: 1e6, DecodeTPS: 30, DecodeSlowdown: tc.slowdown}
+			w := sim.Workload{Name: "slowdown", BlockTokens: 10, Requests: tc.reqs}
+			r := run(t, cfg, scoring.DefaultConfig(), w)
+			if got, want := r.E2E.Max/1000, tc.wantE2E; math.Abs(got-want) > 1e-5 {
+				t.Errorf("E2E max = %.6f s, want %.6f s", got, want)
+			}
+		})
+	}
+	t.Run("invalid", func(t *testing.T) {
+		for _, v := range []float64{-1, math.NaN(), math.Inf(1)} {
+			cfg := sim.Config{DecodeSlowdown: v}
+			if _, err := sim.Run(context.Background(), cfg, scoring.DefaultConfig(), sim.Workload{BlockTokens: 1}); err == nil {
+				t.Errorf("slowdown %v: got nil error", v)
+			}
+		}
+	})
 }
 
 // TestFullTrace replays the whole Mooncake synthetic trace (from

@@ -38,6 +38,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		capacity  = fs.Int("capacity", def.CapacityBlocks, "KV cache per replica, in blocks of the workload's block size")
 		prefill   = fs.Float64("prefill-tps", def.PrefillTPS, "prefill tokens/s per replica")
 		decode    = fs.Float64("decode-tps", def.DecodeTPS, "decode tokens/s per running request")
+		slowdown  = fs.Float64("decode-slowdown", 0, "bandwidth-bound decode: per-request rate is decode-tps/(1+slowdown*share of cache held by decoding requests); 0 keeps it fixed")
 		batch     = fs.Int("max-batch", def.MaxBatch, "running requests per replica")
 		delay     = fs.Duration("event-delay", def.EventDelay, "cache event delivery delay")
 		loss      = fs.Float64("event-loss", 0, "probability an event batch is lost")
@@ -84,7 +85,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	cfg := sim.Config{
-		Replicas: *replicas, CapacityBlocks: *capacity, PrefillTPS: *prefill, DecodeTPS: *decode,
+		Replicas: *replicas, CapacityBlocks: *capacity, PrefillTPS: *prefill, DecodeTPS: *decode, DecodeSlowdown: *slowdown,
 		MaxBatch: *batch, EventDelay: *delay, EventLoss: *loss, DropRemovals: *dropRm, DecodeBooking: *booking, Seed: *seed,
 	}
 	if err := cfg.Validate(); err != nil {

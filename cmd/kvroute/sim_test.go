@@ -54,6 +54,13 @@ func TestSim(t *testing.T) {
 			t.Errorf("weights %+v, want %+v", got, want)
 		}
 	})
+	t.Run("decode slowdown reaches the engine", func(t *testing.T) {
+		fixed := simJSON(t, "--workload", "agentic", "--policies", "kv")
+		slow := simJSON(t, "--workload", "agentic", "--policies", "kv", "--decode-slowdown", "3")
+		if got, fast := slow.Reports[0].E2E.P50, fixed.Reports[0].E2E.P50; got <= fast {
+			t.Errorf("E2E p50 with --decode-slowdown 3 = %v ms, want more than the fixed rate's %v", got, fast)
+		}
+	})
 	t.Run("table and chart", func(t *testing.T) {
 		svg := filepath.Join(t.TempDir(), "sim.svg")
 		var stdout, stderr strings.Builder
@@ -80,6 +87,7 @@ func TestSim(t *testing.T) {
 		{"unknown workload", []string{"--workload", "nope"}, "unknown workload"},
 		{"bad booking", []string{"--workload", "herding", "--decode-booking", "both"}, "decode booking"},
 		{"bad weight", []string{"--workload", "herding", "--weights", "overlap_credit=-1"}, "overlap_credit"},
+		{"bad slowdown", []string{"--workload", "herding", "--decode-slowdown", "-1"}, "decode slowdown"},
 		{"missing trace", []string{"--trace", "/nonexistent.jsonl"}, "no such file"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
