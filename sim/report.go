@@ -221,8 +221,8 @@ func (r *run) report() Report {
 // integrate turns a trail of per-replica levels into each replica's
 // time-averaged level over [start, start+span) and the mean, over the
 // LoadCVBin bins where any replica's level is non-zero, of the
-// across-replica CV within the bin. With bins > 0 it also writes the
-// level averaged over that many equal bins per replica to *timeline.
+// across-replica CV within the bin. With bins > 0 it also returns the
+// level averaged over that many equal bins per replica, for the chart.
 func integrate(trail []change, n int, start, span time.Duration, bins int) (mean []float64, binned float64, timeline [][]float64) {
 	area := make([]float64, n)
 	lastT := make([]time.Duration, n)
