@@ -155,22 +155,28 @@ type event struct {
 	keys []kvroute.BlockKey
 }
 
-type eventHeap []event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
+// before orders the event queue: by time, then by insertion, so that
+// simultaneous events run in the order they were scheduled.
+func (e event) before(o event) bool {
+	if e.at != o.at {
+		return e.at < o.at
 	}
-	return h[i].seq < h[j].seq
+	return e.seq < o.seq
 }
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
+
+// minHeap is a container/heap of T, smallest (by before) first: the
+// event queue and each engine's decode queue.
+type minHeap[T interface{ before(T) bool }] []T
+
+func (h minHeap[T]) Len() int           { return len(h) }
+func (h minHeap[T]) Less(i, j int) bool { return h[i].before(h[j]) }
+func (h minHeap[T]) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *minHeap[T]) Push(x any)        { *h = append(*h, x.(T)) }
+func (h *minHeap[T]) Pop() any {
 	old := *h
-	e := old[len(old)-1]
+	x := old[len(old)-1]
 	*h = old[:len(old)-1]
-	return e
+	return x
 }
 
 // reqState is what the run learns about one request.
@@ -212,7 +218,7 @@ type engine struct {
 	vTok  float64
 	vAt   time.Duration
 	vRate float64
-	dq    decodeQueue
+	dq    minHeap[decoding]
 	gen   uint64
 }
 
@@ -231,7 +237,7 @@ type run struct {
 	bt      int
 	now     time.Duration
 	seq     uint64
-	h       eventHeap
+	h       minHeap[event]
 	reqs    []reqState
 	eng     []engine
 	load    []loadView
@@ -627,22 +633,11 @@ type decoding struct {
 	req    int32
 }
 
-// decodeQueue is a min-heap by target, then request index, so that equal
-// targets finish in a deterministic order.
-type decodeQueue []decoding
-
-func (q decodeQueue) Len() int { return len(q) }
-func (q decodeQueue) Less(i, j int) bool {
-	if q[i].target != q[j].target {
-		return q[i].target < q[j].target
+// before orders an engine's decode queue: by target, then by request
+// index, so that equal targets finish in a deterministic order.
+func (d decoding) before(o decoding) bool {
+	if d.target != o.target {
+		return d.target < o.target
 	}
-	return q[i].req < q[j].req
-}
-func (q decodeQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *decodeQueue) Push(x any)   { *q = append(*q, x.(decoding)) }
-func (q *decodeQueue) Pop() any {
-	old := *q
-	d := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return d
+	return d.req < o.req
 }
