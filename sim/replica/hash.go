@@ -153,7 +153,12 @@ func EngineHashes(seed string, blockSize int, tokens []int, lora, cacheSalt stri
 	if err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
-	ds, _, err := h.chain(blockSize, tokens, lora, cacheSalt)
+	return h.engineHashes(blockSize, tokens, lora, cacheSalt)
+}
+
+// engineHashes is chain in the uint64 form events carry.
+func (h *hasher) engineHashes(blockSize int, tokens []int, lora, salt string) ([]uint64, error) {
+	ds, _, err := h.chain(blockSize, tokens, lora, salt)
 	if err != nil {
 		return nil, fmt.Errorf("replica: %w", err)
 	}

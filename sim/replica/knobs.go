@@ -93,15 +93,7 @@ func (r *Replica) Contains(tokens []int, cacheSalt string) (matchedBlocks int) {
 // BlockHashes returns the engine hashes (uint64 form) this replica gives the
 // full blocks of tokens, i.e. what its BlockStored events would carry.
 func (r *Replica) BlockHashes(tokens []int, cacheSalt string) ([]uint64, error) {
-	ds, _, err := r.hasher.chain(r.cfg.BlockSize, tokens, "", cacheSalt)
-	if err != nil {
-		return nil, fmt.Errorf("replica: %w", err)
-	}
-	out := make([]uint64, len(ds))
-	for i, d := range ds {
-		out[i] = d.Uint64()
-	}
-	return out, nil
+	return r.hasher.engineHashes(r.cfg.BlockSize, tokens, "", cacheSalt)
 }
 
 // Admit runs the cache side of a request without HTTP: it matches tokens
