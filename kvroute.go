@@ -204,3 +204,29 @@ func (e *FieldError) Error() string { return fmt.Sprintf("%s %s", e.Field, e.Msg
 
 // Unwrap lets callers test errors.Is(err, ErrInvalidInput).
 func (e *FieldError) Unwrap() error { return ErrInvalidInput }
+
+// ApplyResult says what applying one run of a replica's event batches did to
+// the index. Applied is false when the run's seqs were not newer than the
+// replica's applied seq and nothing changed (a replay overlapping what
+// another ingestor already applied).
+type ApplyResult struct {
+	Applied bool
+	Stored  int
+	Removed int
+	// Unknown counts removals of blocks the replica was not known to hold
+	// (an engine hash never stored, or a tier with no reference left).
+	Unknown int
+}
+
+// ReplicaStats is the index's view of one replica: how many blocks it holds
+// and how far its event stream has been applied. The store fills it; the
+// admin API shows it.
+type ReplicaStats struct {
+	// Blocks is the number of distinct blocks held (any tier).
+	Blocks     int
+	AppliedSeq int64
+	// HasSeq is false until the first batch is applied: AppliedSeq 0 is a
+	// real seq.
+	HasSeq      bool
+	LastApplied time.Time
+}

@@ -44,19 +44,9 @@ type Registry interface {
 	DeleteReplica(ctx context.Context, id string) error
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
 	// Stats describes what the index holds for one replica of model.
-	Stats(ctx context.Context, model, id string) (ReplicaStats, error)
+	Stats(ctx context.Context, model, id string) (kvroute.ReplicaStats, error)
 	// Loads returns, per replica in order, the load booked on it.
 	Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
-}
-
-// ReplicaStats is the index's view of one replica: how many blocks it holds
-// and how far its event stream has been applied. It mirrors the store's own
-// type so that api does not import the store.
-type ReplicaStats struct {
-	Blocks      int
-	AppliedSeq  int64
-	HasSeq      bool
-	LastApplied time.Time
 }
 
 // Config wires a Server. Router and Registry are required; every other zero

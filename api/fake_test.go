@@ -215,10 +215,10 @@ func (f *fakeStore) ListReplicas(_ context.Context) ([]kvroute.Replica, error) {
 	return out, nil
 }
 
-func (f *fakeStore) Stats(_ context.Context, _, id string) (api.ReplicaStats, error) {
+func (f *fakeStore) Stats(_ context.Context, _, id string) (kvroute.ReplicaStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return api.ReplicaStats{Blocks: len(f.approx[id])}, nil
+	return kvroute.ReplicaStats{Blocks: len(f.approx[id])}, nil
 }
 
 func (f *fakeStore) Loads(_ context.Context, _ string, ids []string) ([]kvroute.Load, error) {

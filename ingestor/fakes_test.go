@@ -11,7 +11,6 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/store"
 )
 
 // fakeStore is an in-memory ingestor.Store with the real store's semantics
@@ -49,22 +48,22 @@ func newFakeStore() *fakeStore {
 
 var _ ingestor.Store = (*fakeStore)(nil)
 
-func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := model + "/" + replica
 	s.calls[id]++
 	if s.failNext > 0 {
 		s.failNext--
-		return store.ApplyResult{}, errors.New("fake: unavailable")
+		return kvroute.ApplyResult{}, errors.New("fake: unavailable")
 	}
 	if applied, ok := s.seq[id]; ok && applied >= first {
-		return store.ApplyResult{}, nil
+		return kvroute.ApplyResult{}, nil
 	}
 	if s.e2r[id] == nil {
 		s.e2r[id], s.held[id] = map[uint64]kvroute.BlockKey{}, map[kvroute.BlockKey]int{}
 	}
-	var res store.ApplyResult
+	var res kvroute.ApplyResult
 	for _, op := range ops {
 		switch op.Kind {
 		case kvroute.OpStore:

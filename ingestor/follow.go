@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/store"
 )
 
 // IndexStore is what following one replica's stream needs from the store.
@@ -18,7 +17,7 @@ type IndexStore interface {
 	// ApplyRun applies the ops of the consecutive batches first..last in
 	// one atomic call, or nothing when the applied seq is first or newer
 	// (see store.Store.ApplyRun).
-	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error)
+	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error)
 	AppliedSeq(ctx context.Context, model, replica string) (int64, bool, error)
 	ResetReplica(ctx context.Context, model, replica string) error
 }
@@ -470,7 +469,7 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 
 // account records the metrics of batches applied together with result res,
 // and the last one as the applied seq.
-func (f *Follower) account(run []pending, res store.ApplyResult) {
+func (f *Follower) account(run []pending, res kvroute.ApplyResult) {
 	for i := range run {
 		st := &run[i].st
 		f.countSkipped(st.Skipped)

@@ -13,8 +13,8 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/sim/replica"
 	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/vllmtest"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -92,11 +92,11 @@ func TestIngestorWithSimReplica(t *testing.T) {
 		topic    string
 		wantName string
 	}{
-		{enc: replica.EncodingArray, topic: "kv"},
-		{enc: replica.EncodingMap, noTopic: true},
+		{enc: vllmtest.EncodingArray, topic: "kv"},
+		{enc: vllmtest.EncodingMap, noTopic: true},
 	} {
 		t.Run(fmt.Sprintf("%s/replay-without-topic=%v", tc.enc, tc.noTopic), func(t *testing.T) {
-			rep, err := replica.New(replica.Config{Model: "m", EventEncoding: tc.enc, ReplayWithoutTopic: tc.noTopic, Topic: tc.topic})
+			rep, err := vllmtest.New(vllmtest.Config{Model: "m", EventEncoding: tc.enc, ReplayWithoutTopic: tc.noTopic, Topic: tc.topic})
 			if err != nil {
 				t.Fatal(err)
 			}

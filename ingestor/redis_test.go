@@ -5,8 +5,8 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
-	"github.com/kvroute/kvroute/sim/replica"
 	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // TestIngestorRedis runs the ingestor against a real redis-server and the
@@ -19,7 +19,7 @@ func TestIngestorRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	rep, err := replica.New(replica.Config{Model: "m", Topic: "kv"})
+	rep, err := vllmtest.New(vllmtest.Config{Model: "m", Topic: "kv"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/store"
 )
 
 // TestApplyBatchMatchesSingleOps checks Apply's batch fast path (fresh
@@ -216,7 +215,7 @@ func TestApplyRun(t *testing.T) {
 			t.Helper()
 			first := seq + 1
 			var ops []kvroute.IndexOp
-			want := store.ApplyResult{Applied: true}
+			want := kvroute.ApplyResult{Applied: true}
 			for _, b := range batches {
 				seq++
 				if _, err := e.s.Apply(ctx, single, "r0", seq, b); err != nil {
@@ -258,7 +257,7 @@ func TestApplyRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != (store.ApplyResult{}) {
+			if got != (kvroute.ApplyResult{}) {
 				t.Errorf("run of seqs %d to %d over applied %d: %+v, want nothing applied", run.first, run.last, seq, got)
 			}
 		}

@@ -125,8 +125,8 @@ func newModel() *model {
 		approx: map[string]map[kvroute.BlockKey]time.Time{}}
 }
 
-func (m *model) apply(r string, ops []kvroute.IndexOp) store.ApplyResult {
-	res := store.ApplyResult{Applied: true}
+func (m *model) apply(r string, ops []kvroute.IndexOp) kvroute.ApplyResult {
+	res := kvroute.ApplyResult{Applied: true}
 	if m.refs[r] == nil {
 		m.refs[r] = map[kvroute.BlockKey]*[2]int{}
 		m.e2r[r] = map[uint64]kvroute.BlockKey{}

@@ -23,17 +23,6 @@ func keyBytes(keys []kvroute.BlockKey) []byte {
 	return b
 }
 
-// ApplyResult says what one Apply did. Applied is false when the batch's
-// seq was not newer than the replica's applied seq and nothing changed.
-type ApplyResult struct {
-	Applied bool
-	Stored  int
-	Removed int
-	// Unknown counts removals of blocks the replica was not known to hold
-	// (an engine hash never stored, or a tier with no reference left).
-	Unknown int
-}
-
 // Apply applies one batch of index operations of one replica in one atomic
 // Lua call. Batches are idempotent by seq: a batch whose seq is not newer
 // than the last applied one is a no-op, so a replay may overlap what was
@@ -46,7 +35,7 @@ type ApplyResult struct {
 // hashes are as assumed (else it changes nothing and the batch takes
 // apply.lua's general path, one more round trip) and writes them with one
 // HSET per hash.
-func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (ApplyResult, error) {
+func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	return s.ApplyRun(ctx, model, replica, seq, seq, ops)
 }
 
@@ -58,26 +47,26 @@ func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops
 // changes and Applied is false, even if part of the run is newer. A caller
 // that holds the batches apart then applies them one by one, so that
 // exactly the stale ones are no-ops.
-func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (ApplyResult, error) {
+func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	if first > last {
-		return ApplyResult{}, fmt.Errorf("store: apply: seqs %d to %d: %w", first, last, kvroute.ErrInvalidInput)
+		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: seqs %d to %d: %w", first, last, kvroute.ErrInvalidInput)
 	}
 	ck := model + "\x00" + replica
 	if c, ok := freshChains(ops); ok {
 		slot, err := s.slot(ctx, model, replica, ck)
 		if err != nil {
-			return ApplyResult{}, err
+			return kvroute.ApplyResult{}, err
 		}
 		args := fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c)
 		v, err := scriptApplyF.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
 		if err != nil {
-			return ApplyResult{}, wrap("apply", err)
+			return kvroute.ApplyResult{}, wrap("apply", err)
 		}
 		if len(v) < 4 {
-			return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 		}
 		if v[0] >= 0 {
-			return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+			return kvroute.ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
 		}
 		// The slot moved or the chains are not fresh: nothing was
 		// written, the general path applies the batch.
@@ -117,21 +106,21 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 			kinds[2*i] = 'C'
 			args[6+i], args[6+n+i], args[6+2*n+i] = "", "", ""
 		default:
-			return ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
+			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
 		}
 	}
 	args[5] = kinds
 	v, err := scriptApply.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
 	if err != nil {
-		return ApplyResult{}, wrap("apply", err)
+		return kvroute.ApplyResult{}, wrap("apply", err)
 	}
 	if len(v) != 4 && len(v) != 5 {
-		return ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 	}
 	if len(v) == 5 && v[4] >= 0 {
 		s.slots.Store(ck, int(v[4]))
 	}
-	return ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+	return kvroute.ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
 }
 
 // slot returns the replica's slot for applyfast.lua: the one cached (ck is
@@ -519,39 +508,30 @@ func (s *Store) PurgeReplica(ctx context.Context, model, replica string) error {
 	return nil
 }
 
-// ReplicaStats is what the store knows about one replica's index.
-type ReplicaStats struct {
-	// Blocks is the number of distinct blocks held (any tier).
-	Blocks      int
-	AppliedSeq  int64
-	HasSeq      bool
-	LastApplied time.Time
-}
-
 // Stats returns the replica's index statistics; a replica never applied
 // has zero stats and no error.
-func (s *Store) Stats(ctx context.Context, model, replica string) (ReplicaStats, error) {
+func (s *Store) Stats(ctx context.Context, model, replica string) (kvroute.ReplicaStats, error) {
 	v, err := s.c.HMGet(ctx, metaKey(model, replica), "seq", "at", "n").Result()
 	if err != nil {
-		return ReplicaStats{}, wrap("stats", err)
+		return kvroute.ReplicaStats{}, wrap("stats", err)
 	}
-	var st ReplicaStats
+	var st kvroute.ReplicaStats
 	if str, ok := v[0].(string); ok {
 		if st.AppliedSeq, err = strconv.ParseInt(str, 10, 64); err != nil {
-			return ReplicaStats{}, fmt.Errorf("store: stats: seq: %w", err)
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: seq: %w", err)
 		}
 		st.HasSeq = true
 	}
 	if str, ok := v[1].(string); ok {
 		at, err := strconv.ParseInt(str, 10, 64)
 		if err != nil {
-			return ReplicaStats{}, fmt.Errorf("store: stats: at: %w", err)
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: at: %w", err)
 		}
 		st.LastApplied = time.UnixMilli(at)
 	}
 	if str, ok := v[2].(string); ok {
 		if st.Blocks, err = strconv.Atoi(str); err != nil {
-			return ReplicaStats{}, fmt.Errorf("store: stats: blocks: %w", err)
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: blocks: %w", err)
 		}
 	}
 	return st, nil

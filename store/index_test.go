@@ -20,7 +20,7 @@ func TestApply(t *testing.T) {
 	type step struct {
 		seq  int64
 		ops  []kvroute.IndexOp
-		want store.ApplyResult
+		want kvroute.ApplyResult
 	}
 	tests := []struct {
 		name  string
@@ -30,84 +30,84 @@ func TestApply(t *testing.T) {
 	}{
 		{
 			name:  "chain",
-			steps: []step{{1, storeChain(k, 0, 5, gpu), store.ApplyResult{Applied: true, Stored: 5}}},
+			steps: []step{{1, storeChain(k, 0, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 5}}},
 			want:  kvroute.Overlap{GPU: 5, Any: 5}, want2: 5,
 		},
 		{
 			name: "stale seq is a no-op",
 			steps: []step{
-				{5, storeChain(k, 0, 2, gpu), store.ApplyResult{Applied: true, Stored: 2}},
-				{5, storeChain(k, 2, 5, gpu), store.ApplyResult{}},
-				{4, storeChain(k, 2, 5, gpu), store.ApplyResult{}},
+				{5, storeChain(k, 0, 2, gpu), kvroute.ApplyResult{Applied: true, Stored: 2}},
+				{5, storeChain(k, 2, 5, gpu), kvroute.ApplyResult{}},
+				{4, storeChain(k, 2, 5, gpu), kvroute.ApplyResult{}},
 			},
 			want: kvroute.Overlap{GPU: 2, Any: 2}, want2: 2,
 		},
 		{
 			name: "duplicate stores need as many removes",
 			steps: []step{
-				{1, append(storeChain(k, 0, 3, gpu), store1(k[2], k[1], gpu)), store.ApplyResult{Applied: true, Stored: 4}},
-				{2, []kvroute.IndexOp{remove1(k[2], gpu)}, store.ApplyResult{Applied: true, Removed: 1}},
+				{1, append(storeChain(k, 0, 3, gpu), store1(k[2], k[1], gpu)), kvroute.ApplyResult{Applied: true, Stored: 4}},
+				{2, []kvroute.IndexOp{remove1(k[2], gpu)}, kvroute.ApplyResult{Applied: true, Removed: 1}},
 			},
 			want: kvroute.Overlap{GPU: 3, Any: 3}, want2: 3,
 		},
 		{
 			name: "interior hole stops the match",
 			steps: []step{
-				{1, storeChain(k, 0, 5, gpu), store.ApplyResult{Applied: true, Stored: 5}},
-				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, store.ApplyResult{Applied: true, Removed: 1}},
+				{1, storeChain(k, 0, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 5}},
+				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, kvroute.ApplyResult{Applied: true, Removed: 1}},
 			},
 			want: kvroute.Overlap{GPU: 1, Any: 1}, want2: 4,
 		},
 		{
 			name: "refilled hole restores the match",
 			steps: []step{
-				{1, storeChain(k, 0, 5, gpu), store.ApplyResult{Applied: true, Stored: 5}},
-				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, store.ApplyResult{Applied: true, Removed: 1}},
-				{3, storeChain(k, 1, 2, gpu), store.ApplyResult{Applied: true, Stored: 1}},
+				{1, storeChain(k, 0, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 5}},
+				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, kvroute.ApplyResult{Applied: true, Removed: 1}},
+				{3, storeChain(k, 1, 2, gpu), kvroute.ApplyResult{Applied: true, Stored: 1}},
 			},
 			want: kvroute.Overlap{GPU: 5, Any: 5}, want2: 5,
 		},
 		{
 			name: "child stored before parent",
 			steps: []step{
-				{1, storeChain(k, 2, 5, gpu), store.ApplyResult{Applied: true, Stored: 3}},
-				{2, storeChain(k, 0, 2, gpu), store.ApplyResult{Applied: true, Stored: 2}},
+				{1, storeChain(k, 2, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 3}},
+				{2, storeChain(k, 0, 2, gpu), kvroute.ApplyResult{Applied: true, Stored: 2}},
 			},
 			want: kvroute.Overlap{GPU: 5, Any: 5}, want2: 5,
 		},
 		{
 			name: "host tier counts for any only",
 			steps: []step{
-				{1, append(storeChain(k, 0, 2, gpu), storeChain(k, 2, 4, host)...), store.ApplyResult{Applied: true, Stored: 4}},
-				{2, storeChain(k, 4, 5, gpu), store.ApplyResult{Applied: true, Stored: 1}},
+				{1, append(storeChain(k, 0, 2, gpu), storeChain(k, 2, 4, host)...), kvroute.ApplyResult{Applied: true, Stored: 4}},
+				{2, storeChain(k, 4, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 1}},
 			},
 			want: kvroute.Overlap{GPU: 2, Any: 5}, want2: 5,
 		},
 		{
 			name: "gpu copy evicted, host copy kept",
 			steps: []step{
-				{1, append(storeChain(k, 0, 5, gpu), store1(k[1], k[0], host)), store.ApplyResult{Applied: true, Stored: 6}},
-				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, store.ApplyResult{Applied: true, Removed: 1}},
+				{1, append(storeChain(k, 0, 5, gpu), store1(k[1], k[0], host)), kvroute.ApplyResult{Applied: true, Stored: 6}},
+				{2, []kvroute.IndexOp{remove1(k[1], gpu)}, kvroute.ApplyResult{Applied: true, Removed: 1}},
 			},
 			want: kvroute.Overlap{GPU: 1, Any: 5}, want2: 5,
 		},
 		{
 			name: "unknown removals change nothing",
 			steps: []step{
-				{1, storeChain(k, 0, 3, gpu), store.ApplyResult{Applied: true, Stored: 3}},
+				{1, storeChain(k, 0, 3, gpu), kvroute.ApplyResult{Applied: true, Stored: 3}},
 				{2, []kvroute.IndexOp{remove1(999, gpu), remove1(k[0], host), remove1(k[4], gpu)},
-					store.ApplyResult{Applied: true, Unknown: 3}},
-				{3, []kvroute.IndexOp{remove1(k[2], gpu), remove1(k[2], gpu)}, store.ApplyResult{Applied: true, Removed: 1, Unknown: 1}},
+					kvroute.ApplyResult{Applied: true, Unknown: 3}},
+				{3, []kvroute.IndexOp{remove1(k[2], gpu), remove1(k[2], gpu)}, kvroute.ApplyResult{Applied: true, Removed: 1, Unknown: 1}},
 			},
 			want: kvroute.Overlap{GPU: 2, Any: 2}, want2: 2,
 		},
 		{
 			name: "clear inside a batch",
 			steps: []step{
-				{1, storeChain(k, 0, 5, gpu), store.ApplyResult{Applied: true, Stored: 5}},
+				{1, storeChain(k, 0, 5, gpu), kvroute.ApplyResult{Applied: true, Stored: 5}},
 				{2, append([]kvroute.IndexOp{remove1(k[4], gpu), {Kind: kvroute.OpClear}}, storeChain(k, 0, 1, gpu)...),
-					store.ApplyResult{Applied: true, Stored: 1, Removed: 1}},
-				{3, []kvroute.IndexOp{remove1(k[3], gpu)}, store.ApplyResult{Applied: true, Unknown: 1}},
+					kvroute.ApplyResult{Applied: true, Stored: 1, Removed: 1}},
+				{3, []kvroute.IndexOp{remove1(k[3], gpu)}, kvroute.ApplyResult{Applied: true, Unknown: 1}},
 			},
 			want: kvroute.Overlap{GPU: 1, Any: 1}, want2: 1,
 		},
@@ -214,7 +214,7 @@ func TestResetAndPurge(t *testing.T) {
 				t.Errorf("release of purged lease = %v, %v; want false", ok, err)
 			}
 			st, err := e.s.Stats(ctx, mdl, "a")
-			if err != nil || st != (store.ReplicaStats{}) {
+			if err != nil || st != (kvroute.ReplicaStats{}) {
 				t.Errorf("stats after purge = %+v, %v", st, err)
 			}
 			keys, err := e.rc.Keys(ctx, "*:r:a:*").Result()

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/vllmtest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,9 +19,9 @@ import (
 // blocks the replica itself then reports as cached.
 func TestEventsRouteToHolder(t *testing.T) {
 	h := newHarness(t)
-	h.addReplica("r0", replica.Config{EventEncoding: "array"})
-	h.addReplica("r1", replica.Config{EventEncoding: "map"})
-	h.addReplica("r2", replica.Config{EventEncoding: "array", ReplayWithoutTopic: true})
+	h.addReplica("r0", vllmtest.Config{EventEncoding: "array"})
+	h.addReplica("r1", vllmtest.Config{EventEncoding: "map"})
+	h.addReplica("r2", vllmtest.Config{EventEncoding: "array", ReplayWithoutTopic: true})
 	ing, _ := h.startIngestor("ing-a", h.openStore())
 	h.waitOwned(ing)
 
@@ -73,7 +73,7 @@ func TestEventsRouteToHolder(t *testing.T) {
 func TestRecovery(t *testing.T) {
 	t.Run("dropped batches are replayed", func(t *testing.T) {
 		h := newHarness(t)
-		rep := h.addReplica("r0", replica.Config{})
+		rep := h.addReplica("r0", vllmtest.Config{})
 		ing, _ := h.startIngestor("ing", h.openStore())
 		h.waitOwned(ing)
 		r := rand.New(rand.NewPCG(2, 2))
@@ -96,7 +96,7 @@ func TestRecovery(t *testing.T) {
 	})
 	t.Run("restart clears and rebuilds", func(t *testing.T) {
 		h := newHarness(t)
-		rep := h.addReplica("r0", replica.Config{})
+		rep := h.addReplica("r0", vllmtest.Config{})
 		ing, _ := h.startIngestor("ing", h.openStore())
 		h.waitOwned(ing)
 		r := rand.New(rand.NewPCG(3, 3))
@@ -119,7 +119,7 @@ func TestRecovery(t *testing.T) {
 	})
 	t.Run("gap replay cannot cover", func(t *testing.T) {
 		h := newHarness(t)
-		rep := h.addReplica("r0", replica.Config{ReplayBuffer: 2})
+		rep := h.addReplica("r0", vllmtest.Config{ReplayBuffer: 2})
 		ing, _ := h.startIngestor("ing", h.openStore())
 		h.waitOwned(ing)
 		r := rand.New(rand.NewPCG(4, 4))
@@ -155,7 +155,7 @@ func TestRecovery(t *testing.T) {
 // router's belief equal to what the replica serves.
 func TestStaleIndexEndToEnd(t *testing.T) {
 	h := newHarness(t)
-	rep := h.addReplica("r0", replica.Config{CapacityBlocks: 60})
+	rep := h.addReplica("r0", vllmtest.Config{CapacityBlocks: 60})
 	ing, _ := h.startIngestor("ing", h.openStore())
 	h.waitOwned(ing)
 	r := rand.New(rand.NewPCG(3, 0))
@@ -189,8 +189,8 @@ func TestStaleIndexEndToEnd(t *testing.T) {
 // replicas over within the lease TTL, and no batch is applied twice.
 func TestIngestorTakeover(t *testing.T) {
 	h := newHarness(t)
-	h.addReplica("r0", replica.Config{})
-	h.addReplica("r1", replica.Config{EventEncoding: "map"})
+	h.addReplica("r0", vllmtest.Config{})
+	h.addReplica("r1", vllmtest.Config{EventEncoding: "map"})
 	log := &appliedLog{n: map[string]int{}}
 	a := &killable{Store: h.openStore(), applied: log}
 	ingA, stopA := h.startIngestor("ing-a", a)
@@ -253,8 +253,8 @@ func TestBindMode(t *testing.T) {
 	bind := "tcp://" + ln.Addr().String()
 	ln.Close()
 	ing, _ := h.startIngestor("ing", h.openStore(), func(c *ingestor.Config) { c.Bind = bind })
-	h.addReplica("r0", replica.Config{ConnectEvents: bind, Topic: "r0"})
-	h.addReplica("r1", replica.Config{ConnectEvents: bind, Topic: "r1", EventEncoding: "map"})
+	h.addReplica("r0", vllmtest.Config{ConnectEvents: bind, Topic: "r0"})
+	h.addReplica("r1", vllmtest.Config{ConnectEvents: bind, Topic: "r1", EventEncoding: "map"})
 	// The registry names each replica's topic; the ingestor routes the
 	// one stream's messages by it.
 	for _, id := range []string{"r0", "r1"} {
@@ -288,8 +288,8 @@ func TestBindMode(t *testing.T) {
 // it recovers.
 func TestUnhealthyExcluded(t *testing.T) {
 	h := newHarness(t)
-	h.addReplica("r0", replica.Config{})
-	h.addReplica("r1", replica.Config{})
+	h.addReplica("r0", vllmtest.Config{})
+	h.addReplica("r1", vllmtest.Config{})
 	ing, _ := h.startIngestor("ing", h.openStore())
 	h.waitOwned(ing)
 	r := rand.New(rand.NewPCG(8, 8))
@@ -319,8 +319,8 @@ func TestUnhealthyExcluded(t *testing.T) {
 // readiness reports the outage.
 func TestRedisDown(t *testing.T) {
 	h := newHarness(t)
-	h.addReplica("r0", replica.Config{})
-	h.addReplica("r1", replica.Config{})
+	h.addReplica("r0", vllmtest.Config{})
+	h.addReplica("r1", vllmtest.Config{})
 	r := rand.New(rand.NewPCG(9, 9))
 	p := prompt(r, nil, 4*bs)
 	if d := h.route(p); d.Replica.ID == "" {
@@ -374,8 +374,8 @@ func TestRedisDown(t *testing.T) {
 func TestReportedBlockSize(t *testing.T) {
 	const big = 2 * bs
 	h := newHarness(t)
-	h.addReplica("r0", replica.Config{BlockSize: big})
-	h.addReplica("r1", replica.Config{BlockSize: big})
+	h.addReplica("r0", vllmtest.Config{BlockSize: big})
+	h.addReplica("r1", vllmtest.Config{BlockSize: big})
 	ing, _ := h.startIngestor("ing", h.openStore())
 	h.waitOwned(ing)
 	h.waitFor("block size reported", func() bool {

@@ -22,8 +22,8 @@ import (
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
-	"github.com/kvroute/kvroute/sim/replica"
 	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 const (
@@ -40,7 +40,7 @@ type harness struct {
 	app  *app.App
 	base string
 	st   *store.Store
-	reps map[string]*replica.Replica
+	reps map[string]*vllmtest.Replica
 	// poll is how often waitFor re-checks; 20 ms unless a benchmark, whose
 	// measured time includes the poll's granularity, asks for finer.
 	poll time.Duration
@@ -50,7 +50,7 @@ func newHarness(t testing.TB) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	h := &harness{t: t, ctx: ctx, url: redistest.Server(t), reps: map[string]*replica.Replica{}}
+	h := &harness{t: t, ctx: ctx, url: redistest.Server(t), reps: map[string]*vllmtest.Replica{}}
 	cfg := router.DefaultConfig()
 	cfg.Seed = seed
 	cfg.RegistryTTL = 50 * time.Millisecond
@@ -78,13 +78,13 @@ func (h *harness) openStore() *store.Store {
 }
 
 // addReplica starts a simulated replica and registers it through the API.
-func (h *harness) addReplica(id string, cfg replica.Config) *replica.Replica {
+func (h *harness) addReplica(id string, cfg vllmtest.Config) *vllmtest.Replica {
 	h.t.Helper()
 	cfg.Model = model
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = bs
 	}
-	r, err := replica.New(cfg)
+	r, err := vllmtest.New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -290,9 +290,9 @@ func (l *appliedLog) add(replica string, seq int64) {
 
 func (k *killable) err() error { return fmt.Errorf("killed: %w", kvroute.ErrUnavailable) }
 
-func (k *killable) ApplyRun(ctx context.Context, m, r string, first, last int64, ops []kvroute.IndexOp) (store.ApplyResult, error) {
+func (k *killable) ApplyRun(ctx context.Context, m, r string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	if k.dead.Load() {
-		return store.ApplyResult{}, k.err()
+		return kvroute.ApplyResult{}, k.err()
 	}
 	res, err := k.Store.ApplyRun(ctx, m, r, first, last, ops)
 	if err == nil && res.Applied {

@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // BenchmarkIngest measures event ingestion end to end: simulated replicas
@@ -37,7 +37,7 @@ func BenchmarkIngest(b *testing.B) {
 		b.StopTimer()
 		h := newHarness(b)
 		for i := range nRep {
-			h.addReplica("r"+strconv.Itoa(i), replica.Config{CapacityBlocks: 1 << 20})
+			h.addReplica("r"+strconv.Itoa(i), vllmtest.Config{CapacityBlocks: 1 << 20})
 		}
 		reg := prometheus.NewRegistry()
 		ing, _ := h.startIngestor("bench", h.openStore(), func(c *ingestor.Config) { c.Registerer = reg })

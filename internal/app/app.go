@@ -135,7 +135,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.API, err = api.New(api.Config{
 		Router:       a.Router,
-		Registry:     Registry{a.Store},
+		Registry:     a.Store,
 		Ready:        a.Store.Ping,
 		Logger:       a.log,
 		MaxBodyBytes: cfg.MaxBodyBytes,
@@ -329,14 +329,4 @@ func LoadReplicasFile(path string) ([]kvroute.Replica, error) {
 		seen[r.ID] = true
 	}
 	return reps, nil
-}
-
-// Registry adapts *store.Store to api.Registry: the two ReplicaStats types
-// are kept apart so that api does not import the store.
-type Registry struct{ *store.Store }
-
-// Stats converts the store's replica statistics to the API's.
-func (r Registry) Stats(ctx context.Context, model, id string) (api.ReplicaStats, error) {
-	st, err := r.Store.Stats(ctx, model, id)
-	return api.ReplicaStats{Blocks: st.Blocks, AppliedSeq: st.AppliedSeq, HasSeq: st.HasSeq, LastApplied: st.LastApplied}, err
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
-	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 func startApp(tb testing.TB, cfg app.Config) string {
@@ -283,7 +283,7 @@ func TestRun(t *testing.T) {
 func TestProxyThroughSimReplica(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	rep, err := replica.New(replica.Config{Model: "m", DecodeTokensPerSec: 500})
+	rep, err := vllmtest.New(vllmtest.Config{Model: "m", DecodeTokensPerSec: 500})
 	if err != nil {
 		t.Fatal(err)
 	}

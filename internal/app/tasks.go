@@ -9,7 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // Ingest runs an ingestor over the app's own store: the embedded mode,
@@ -42,14 +42,14 @@ const DemoModel = "demo"
 // the app.
 func DemoReplicas(n int, out io.Writer) Task {
 	return func(ctx context.Context, a *App) error {
-		var reps []*replica.Replica
+		var reps []*vllmtest.Replica
 		defer func() {
 			for _, r := range reps {
 				_ = r.Stop()
 			}
 		}()
 		for i := range n {
-			r, err := replica.New(replica.Config{
+			r, err := vllmtest.New(vllmtest.Config{
 				Model: DemoModel, BlockSize: a.cfg.Router.BlockSize, CapacityBlocks: 4096,
 				PrefillTokensPerSec: 20_000, DecodeTokensPerSec: 200,
 				Logger: a.log.With("component", "demo-replica", "replica", i),

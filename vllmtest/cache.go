@@ -1,4 +1,4 @@
-package replica
+package vllmtest
 
 import "github.com/kvroute/kvroute/internal/lru"
 

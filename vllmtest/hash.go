@@ -1,4 +1,4 @@
-package replica
+package vllmtest
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-// Package replica simulates one vLLM replica for kvroute's end-to-end tests
+// Package vllmtest simulates one vLLM replica for kvroute's end-to-end tests
 // and demo. It serves vLLM's HTTP surface on loopback (completions, chat,
 // /tokenize, /health, /metrics), keeps a bounded LRU prefix cache keyed by
 // vLLM's own sha256_cbor block hashes, and publishes vLLM's KV-cache events
@@ -11,7 +11,7 @@
 // Fault knobs (DropNext, Stall, Restart, ClearCache, SetHealthy, Die) let
 // tests produce the sequence gaps, restarts and outages the router must
 // survive.
-package replica
+package vllmtest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package replica_test
+package vllmtest_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
-	"github.com/kvroute/kvroute/sim/replica"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // Test vectors from shared/VLLM_EVENTS.md §4: sha256_cbor, tokens 1..32,
@@ -38,7 +38,7 @@ func seqTokens(from, n int) []int {
 func TestEngineHashes(t *testing.T) {
 	for seed, want := range vectors {
 		t.Run("seed="+seed, func(t *testing.T) {
-			got, err := replica.EngineHashes(seed, 16, seqTokens(1, 32), "", "")
+			got, err := vllmtest.EngineHashes(seed, 16, seqTokens(1, 32), "", "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -48,7 +48,7 @@ func TestEngineHashes(t *testing.T) {
 		})
 	}
 	t.Run("partial block is not hashed", func(t *testing.T) {
-		got, err := replica.EngineHashes("0", 16, seqTokens(1, 47), "", "")
+		got, err := vllmtest.EngineHashes("0", 16, seqTokens(1, 47), "", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,9 +57,9 @@ func TestEngineHashes(t *testing.T) {
 		}
 	})
 	t.Run("cache salt changes every block, lora too", func(t *testing.T) {
-		plain, _ := replica.EngineHashes("0", 16, seqTokens(1, 32), "", "")
-		salted, _ := replica.EngineHashes("0", 16, seqTokens(1, 32), "", "s1")
-		lora, _ := replica.EngineHashes("0", 16, seqTokens(1, 32), "ad", "")
+		plain, _ := vllmtest.EngineHashes("0", 16, seqTokens(1, 32), "", "")
+		salted, _ := vllmtest.EngineHashes("0", 16, seqTokens(1, 32), "", "s1")
+		lora, _ := vllmtest.EngineHashes("0", 16, seqTokens(1, 32), "ad", "")
 		for i := range plain {
 			if salted[i] == plain[i] || lora[i] == plain[i] || lora[i] == salted[i] {
 				t.Errorf("block %d: plain %d salted %d lora %d should all differ", i, plain[i], salted[i], lora[i])
@@ -69,12 +69,12 @@ func TestEngineHashes(t *testing.T) {
 }
 
 // start runs a replica that stops when the test ends.
-func start(tb testing.TB, cfg replica.Config) *replica.Replica {
+func start(tb testing.TB, cfg vllmtest.Config) *vllmtest.Replica {
 	tb.Helper()
 	if cfg.Model == "" {
 		cfg.Model = "sim-model"
 	}
-	r, err := replica.New(cfg)
+	r, err := vllmtest.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func none(tb testing.TB, ch <-chan zmq4.Msg, d time.Duration) {
 
 // subscribe connects a real SUB socket and waits until the replica sees the
 // subscription, so that no batch is lost to the slow-joiner effect.
-func subscribe(tb testing.TB, r *replica.Replica) <-chan zmq4.Msg {
+func subscribe(tb testing.TB, r *vllmtest.Replica) <-chan zmq4.Msg {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sub := zmq4.NewSub(ctx)
@@ -150,7 +150,7 @@ func subscribe(tb testing.TB, r *replica.Replica) <-chan zmq4.Msg {
 	return reader(sub)
 }
 
-func dealer(tb testing.TB, r *replica.Replica) (zmq4.Socket, <-chan zmq4.Msg) {
+func dealer(tb testing.TB, r *vllmtest.Replica) (zmq4.Socket, <-chan zmq4.Msg) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := zmq4.NewDealer(ctx)
@@ -257,7 +257,7 @@ type stored struct {
 // normalize maps either event encoding to (type, fields by name).
 func normalize(tb testing.TB, encoding string, ev any) (string, map[string]any) {
 	tb.Helper()
-	if encoding == replica.EncodingMap {
+	if encoding == vllmtest.EncodingMap {
 		m, ok := ev.(map[string]any)
 		if !ok {
 			tb.Fatalf("event is %T, want map", ev)
@@ -318,11 +318,11 @@ func asRemoved(tb testing.TB, encoding string, ev any) []uint64 {
 }
 
 func TestEvents(t *testing.T) {
-	for _, enc := range []string{replica.EncodingArray, replica.EncodingMap} {
+	for _, enc := range []string{vllmtest.EncodingArray, vllmtest.EncodingMap} {
 		t.Run(enc, func(t *testing.T) {
-			r := start(t, replica.Config{EventEncoding: enc, Topic: "kv", HashSeed: "0", CapacityBlocks: 4})
+			r := start(t, vllmtest.Config{EventEncoding: enc, Topic: "kv", HashSeed: "0", CapacityBlocks: 4})
 			sub := subscribe(t, r)
-			h, _ := replica.EngineHashes("0", 16, seqTokens(1, 48), "", "")
+			h, _ := vllmtest.EngineHashes("0", 16, seqTokens(1, 48), "", "")
 
 			// Two full blocks and a partial one: only full blocks are stored.
 			post(t, r.URL()+"/v1/completions", map[string]any{"prompt": seqTokens(1, 40), "max_tokens": 2}, nil)
@@ -352,7 +352,7 @@ func TestEvents(t *testing.T) {
 			if s.blockSize != 16 || s.medium != "GPU" || s.loraName != nil {
 				t.Errorf("block_size, medium, lora_name = %d, %v, %v, want 16, GPU, nil", s.blockSize, s.medium, s.loraName)
 			}
-			if enc == replica.EncodingMap {
+			if enc == vllmtest.EncodingMap {
 				m := b.evs[0].(map[string]any)
 				if !reflect.DeepEqual(m["extra_keys"], []any{nil, nil}) || m["kv_cache_spec_kind"] != "full_attention" || u64(t, m["group_idx"]) != 0 {
 					t.Errorf("extra_keys, group_idx, kind = %v, %v, %v", m["extra_keys"], m["group_idx"], m["kv_cache_spec_kind"])
@@ -406,7 +406,7 @@ func TestEvents(t *testing.T) {
 }
 
 func TestEventsExtraKeys(t *testing.T) {
-	r := start(t, replica.Config{EventEncoding: replica.EncodingMap, LoRAs: []string{"ad"}, BlockSize: 4})
+	r := start(t, vllmtest.Config{EventEncoding: vllmtest.EncodingMap, LoRAs: []string{"ad"}, BlockSize: 4})
 	sub := subscribe(t, r)
 	post(t, r.URL()+"/v1/completions", map[string]any{"model": "ad", "prompt": seqTokens(1, 8), "cache_salt": "s1", "max_tokens": 1}, nil)
 	b := live(t, sub)
@@ -415,14 +415,14 @@ func TestEventsExtraKeys(t *testing.T) {
 	if !reflect.DeepEqual(m["extra_keys"], want) || m["lora_name"] != "ad" || u64(t, m["lora_id"]) != 1 {
 		t.Errorf("extra_keys, lora_name, lora_id = %v, %v, %v; want %v, ad, 1", m["extra_keys"], m["lora_name"], m["lora_id"], want)
 	}
-	h, _ := replica.EngineHashes(replica.DefaultHashSeed, 4, seqTokens(1, 8), "ad", "s1")
+	h, _ := vllmtest.EngineHashes(vllmtest.DefaultHashSeed, 4, seqTokens(1, 8), "ad", "s1")
 	if got := u64s(t, m["block_hashes"]); !reflect.DeepEqual(got, h) {
 		t.Errorf("block_hashes = %v, want %v", got, h)
 	}
 }
 
 func TestLRU(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 4, CapacityBlocks: 3})
+	r := start(t, vllmtest.Config{BlockSize: 4, CapacityBlocks: 3})
 	a, b := seqTokens(1, 8), seqTokens(50, 8)
 	mustAdmit(t, r, a, "", 0)
 	mustAdmit(t, r, a, "", 8) // refreshes a
@@ -448,7 +448,7 @@ func TestLRU(t *testing.T) {
 	})
 }
 
-func mustAdmit(tb testing.TB, r *replica.Replica, tokens []int, salt string, wantCached int) {
+func mustAdmit(tb testing.TB, r *vllmtest.Replica, tokens []int, salt string, wantCached int) {
 	tb.Helper()
 	got, err := r.Admit(tokens, salt)
 	if err != nil {
@@ -465,7 +465,7 @@ func TestReplay(t *testing.T) {
 		noTopic bool
 	}{{"with topic", false}, {"without topic", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := start(t, replica.Config{Topic: "kv", BlockSize: 4, ReplayWithoutTopic: tc.noTopic})
+			r := start(t, vllmtest.Config{Topic: "kv", BlockSize: 4, ReplayWithoutTopic: tc.noTopic})
 			sub := subscribe(t, r)
 			mustAdmit(t, r, seqTokens(1, 4), "", 0)
 			r.DropNext(1)
@@ -519,7 +519,7 @@ func TestReplay(t *testing.T) {
 				seqs = append(seqs, seq)
 				b := decodeBatch(t, nil, f[1], f[2])
 				if seq == 1 {
-					s := asStored(t, replica.EncodingArray, b.evs[0])
+					s := asStored(t, vllmtest.EncodingArray, b.evs[0])
 					if want := u64sOf(seqTokens(10, 4)); !reflect.DeepEqual(s.tokens, want) {
 						t.Errorf("replayed seq 1 tokens %v, want %v", s.tokens, want)
 					}
@@ -533,7 +533,7 @@ func TestReplay(t *testing.T) {
 }
 
 func TestRestart(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 4})
+	r := start(t, vllmtest.Config{BlockSize: 4})
 	sub := subscribe(t, r)
 	mustAdmit(t, r, seqTokens(1, 8), "", 0)
 	mustAdmit(t, r, seqTokens(50, 8), "", 0)
@@ -559,7 +559,7 @@ func TestRestart(t *testing.T) {
 	}
 }
 
-func dealerRequest(tb testing.TB, r *replica.Replica, from uint64) (zmq4.Socket, <-chan zmq4.Msg) {
+func dealerRequest(tb testing.TB, r *vllmtest.Replica, from uint64) (zmq4.Socket, <-chan zmq4.Msg) {
 	tb.Helper()
 	d, replies := dealer(tb, r)
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, be8(from))); err != nil {
@@ -569,7 +569,7 @@ func dealerRequest(tb testing.TB, r *replica.Replica, from uint64) (zmq4.Socket,
 }
 
 func TestStallAndDrop(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 4})
+	r := start(t, vllmtest.Config{BlockSize: 4})
 	sub := subscribe(t, r)
 	r.Stall(300 * time.Millisecond)
 	mustAdmit(t, r, seqTokens(1, 4), "", 0)
@@ -631,7 +631,7 @@ type usageAnswer struct {
 }
 
 func TestTokenize(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 4})
+	r := start(t, vllmtest.Config{BlockSize: 4})
 	t.Run("text", func(t *testing.T) {
 		text := "The same prompt, tokenized twice."
 		var tok tokenizeAnswer
@@ -664,7 +664,7 @@ func TestTokenize(t *testing.T) {
 }
 
 func TestCachedTokens(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 16})
+	r := start(t, vllmtest.Config{BlockSize: 16})
 	prompt := strings.Repeat("a long shared system prompt. ", 4) // 116 bytes + BOS = 117 tokens
 	ask := func(body map[string]any) usageAnswer {
 		t.Helper()
@@ -712,7 +712,7 @@ func TestCachedTokens(t *testing.T) {
 }
 
 func TestHealthMetricsDie(t *testing.T) {
-	r := start(t, replica.Config{Model: "m1", BlockSize: 8})
+	r := start(t, vllmtest.Config{Model: "m1", BlockSize: 8})
 	get := func(path string) (int, string) {
 		t.Helper()
 		resp, err := http.Get(r.URL() + path)
@@ -759,7 +759,7 @@ func TestHealthMetricsDie(t *testing.T) {
 }
 
 func TestRunningCount(t *testing.T) {
-	r := start(t, replica.Config{MaxRunning: 1, PrefillTokensPerSec: 100})
+	r := start(t, vllmtest.Config{MaxRunning: 1, PrefillTokensPerSec: 100})
 	done := make(chan struct{}, 2)
 	for range 2 {
 		go func() {
@@ -793,7 +793,7 @@ func TestRunningCount(t *testing.T) {
 }
 
 func TestGivenEndpoints(t *testing.T) {
-	r := start(t, replica.Config{EventsEndpoint: "tcp://*:0", ReplayEndpoint: "tcp://127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BlockSize: 4})
+	r := start(t, vllmtest.Config{EventsEndpoint: "tcp://*:0", ReplayEndpoint: "tcp://127.0.0.1:0", HTTPAddr: "127.0.0.1:0", BlockSize: 4})
 	if !strings.HasPrefix(r.EventsEndpoint(), "tcp://127.0.0.1:") || strings.HasSuffix(r.EventsEndpoint(), ":0") {
 		t.Errorf("EventsEndpoint = %q, want a dialable loopback endpoint", r.EventsEndpoint())
 	}
@@ -807,7 +807,7 @@ func TestGivenEndpoints(t *testing.T) {
 // TestBigHashEncoding checks that a hash >= 2^63 travels as msgpack uint64
 // (0xcf), the form a Python publisher uses and decoders must accept.
 func TestBigHashEncoding(t *testing.T) {
-	r := start(t, replica.Config{BlockSize: 1, CapacityBlocks: 64})
+	r := start(t, vllmtest.Config{BlockSize: 1, CapacityBlocks: 64})
 	var toks []int
 	var big uint64
 	for tok := 1; tok < 64 && big == 0; tok++ {
@@ -833,7 +833,7 @@ func TestBigHashEncoding(t *testing.T) {
 }
 
 func TestChatStream(t *testing.T) {
-	r := start(t, replica.Config{})
+	r := start(t, vllmtest.Config{})
 	b, _ := json.Marshal(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "text", "text": "hi"}}}}, "stream": true, "max_tokens": 3})
 	resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
@@ -879,7 +879,7 @@ func TestChatStream(t *testing.T) {
 }
 
 func TestStartContextStops(t *testing.T) {
-	r, err := replica.New(replica.Config{Model: "m"})
+	r, err := vllmtest.New(vllmtest.Config{Model: "m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -906,13 +906,13 @@ func TestStartContextStops(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	for name, cfg := range map[string]replica.Config{
+	for name, cfg := range map[string]vllmtest.Config{
 		"no model":         {},
 		"unknown encoding": {Model: "m", EventEncoding: "json"},
 		"negative size":    {Model: "m", BlockSize: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := replica.New(cfg); err == nil {
+			if _, err := vllmtest.New(cfg); err == nil {
 				t.Error("New succeeded, want an error")
 			}
 		})
@@ -927,7 +927,7 @@ func TestBlockEncoding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var parent replica.Digest
+	var parent vllmtest.Digest
 	for i := range parent {
 		parent[i] = byte(i * 7)
 	}
@@ -953,7 +953,7 @@ func TestBlockEncoding(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := replica.AppendBlock(nil, parent, tt.tokens); !bytes.Equal(got, want) {
+			if got := vllmtest.AppendBlock(nil, parent, tt.tokens); !bytes.Equal(got, want) {
 				t.Errorf("encoding differs from the library's:\n got %x\nwant %x", got, want)
 			}
 		})
@@ -974,7 +974,7 @@ func TestTokenEncoding(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := replica.EncodeTokens(toks); !bytes.Equal(got, want.Bytes()) {
+	if got := vllmtest.EncodeTokens(toks); !bytes.Equal(got, want.Bytes()) {
 		t.Errorf("token list encoding:\n got %x\nwant %x", got, want.Bytes())
 	}
 }
