@@ -65,6 +65,11 @@ type Config struct {
 	// during an outage every decision is degraded at once instead of
 	// waiting out a connection attempt first.
 	StoreBackoff time.Duration
+	// DecodeBooking is what a decision books as decode work; empty means
+	// BookOutput, the service's default.
+	DecodeBooking DecodeBooking
+	// MaxLease caps a booking's life; zero means MaxLease (one hour).
+	MaxLease time.Duration
 }
 
 // DefaultConfig is what `kvroute serve` starts with.
@@ -143,6 +148,9 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	}
 	if cfg.BlockSize <= 0 {
 		return nil, errors.New("router: block size must be positive")
+	}
+	if err := validBooking(cfg.DecodeBooking); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
@@ -242,29 +250,21 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		return r.degraded(d, fleet, err)
 	}
 
-	cands := make([]scoring.Candidate, len(fleet))
+	in := Input{
+		RequestID: d.RequestID, Model: req.Model, Blocks: len(keys), PromptTokens: len(req.Tokens), BlockSize: bs,
+		MaxTokens: req.MaxTokens, SessionID: req.SessionID, Policy: req.Policy,
+		Counter: r.count.Add(1) - 1, Now: r.now(), Candidates: make([]Candidate, len(fleet)),
+	}
 	for i, rep := range fleet {
-		o, l := overlaps[i], loads[i]
-		cands[i] = scoring.Candidate{
-			ID: rep.ID, Routable: rep.Routable(), GPU: o.GPU, Any: o.Any, Approx: o.Approx,
-			Load: scoringLoad(l),
+		in.Candidates[i] = Candidate{
+			ID: rep.ID, Routable: rep.Routable(), Events: rep.Events != "",
+			Overlap: overlaps[i], Load: scoringLoad(loads[i]),
 		}
 	}
-	maxTokens := req.MaxTokens
-	if maxTokens <= 0 {
-		maxTokens = r.cfg.MaxTokens
-	}
-	// Decode work owed is the output still to generate, in blocks. The
-	// prompt's KV footprint is not booked as decode work: counted that way
-	// one decoding request outweighs a whole prompt's cache hit, and the
-	// simulator shows the cache going unused (see BENCHMARKS.md).
-	outBlocks := (maxTokens + bs - 1) / bs
-	sreq := scoring.Request{Blocks: len(keys), ActiveBlocks: float64(outBlocks), SessionID: req.SessionID, Counter: r.count.Add(1) - 1}
-
-	var res scoring.Result
+	var out Outcome
 	for attempt := 0; ; attempt++ {
 		r.mu.Lock()
-		res, err = scoring.Pick(cfg, sreq, cands, r.rng)
+		out, err = Decide(r.cfg, in, r.rng)
 		r.mu.Unlock()
 		if errors.Is(err, scoring.ErrNoCandidate) {
 			return Decision{}, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
@@ -272,21 +272,15 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		if err != nil {
 			return Decision{}, fmt.Errorf("router: %w", err)
 		}
-		p := res.Pick
-		uncached := int64(len(keys)) - int64(res.Scores[p].Matched)
-		lease := kvroute.Lease{
-			RequestID: d.RequestID, Model: req.Model, Replica: fleet[p].ID,
-			PrefillBlocks: max(uncached, 0), DecodeBlocks: int64(outBlocks),
-			Expires: r.now().Add(r.leaseTTL(len(req.Tokens), maxTokens)),
-		}
 		// After a few lost races the booking goes through regardless: a
 		// decision must finish, and the loser's view is at most one
 		// booking stale.
+		p := out.Pick
 		ifVersion := loads[p].Version
 		if attempt >= 3 {
 			ifVersion = -1
 		}
-		booked, cur, err := r.idx.Reserve(ctx, lease, ifVersion)
+		booked, cur, err := r.idx.Reserve(ctx, out.Lease, ifVersion)
 		if err != nil {
 			if errors.Is(err, kvroute.ErrUnavailable) {
 				r.markDown()
@@ -294,25 +288,19 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 			}
 			return Decision{}, fmt.Errorf("router: reserve: %w", err)
 		}
-		if !booked {
-			loads[p] = cur
-			cands[p].Load = scoringLoad(cur)
-			continue
+		if booked {
+			break
 		}
-		d.Expires = lease.Expires
-		break
+		loads[p] = cur
+		in.Candidates[p].Load = scoringLoad(cur)
 	}
-	p := res.Pick
+	p := out.Pick
 	d.Replica = fleet[p]
-	d.Policy, d.Mode, d.Candidates = res.Policy, res.Mode, res.Scores
-	s := res.Scores[p]
-	d.Matched = max(s.GPU, s.Any)
-	if s.Approx > d.Matched {
-		d.Matched, d.Approximate = s.Approx, true
-	}
+	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
+	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires
 	// Replicas that publish no events are known only from what we send
 	// them: remember it, apart from event-fed entries and with a TTL.
-	if fleet[p].Events == "" && len(keys) > 0 {
+	if out.RecordApprox {
 		if err := r.idx.RecordApprox(ctx, req.Model, fleet[p].ID, keys); err != nil {
 			r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
 		}
@@ -386,16 +374,6 @@ func (r *Router) markDown() {
 
 func (r *Router) storeDown() bool { return r.now().UnixNano() < r.downUntil.Load() }
 
-func (r *Router) leaseTTL(promptTokens, maxTokens int) time.Duration {
-	ttl := r.cfg.LeaseTTL
-	if r.cfg.PrefillTPS > 0 {
-		ttl += time.Duration(float64(promptTokens) / r.cfg.PrefillTPS * float64(time.Second))
-	}
-	if r.cfg.DecodeTPS > 0 {
-		ttl += time.Duration(float64(maxTokens) / r.cfg.DecodeTPS * float64(time.Second))
-	}
-	return min(ttl, time.Hour)
-}
 
 // registryCache keeps the last registry read. It is what lets a pod keep
 // deciding while the store is down.

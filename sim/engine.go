@@ -6,12 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -129,10 +128,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Decode bookings.
+// Decode bookings (router.DecodeBooking's values, as Config strings).
 const (
-	BookActive = "active"
-	BookOutput = "output"
+	BookActive = string(router.BookActive)
+	BookOutput = string(router.BookOutput)
 )
 
 type evKind uint8
@@ -186,8 +185,7 @@ type reqState struct {
 	first, done     time.Duration
 	servedTok       int
 	believedTok     int
-	prefillBook     float64
-	decodeBook      float64
+	lease           kvroute.Lease
 	outBlocks       int
 	vTarget         float64 // DecodeSlowdown: engine.vTok at which decode ends
 	fresh           []kvroute.BlockKey
@@ -222,8 +220,6 @@ type engine struct {
 	gen   uint64
 }
 
-type loadView struct{ prefill, decode, reqs float64 }
-
 type change struct {
 	at    time.Duration
 	rep   int32
@@ -240,18 +236,10 @@ type run struct {
 	h       minHeap[event]
 	reqs    []reqState
 	eng     []engine
-	load    []loadView
-	index   map[kvroute.BlockKey]uint64
-	approx  map[kvroute.BlockKey]uint64
-	tie     *rand.Rand
+	view    *RouterView
 	loss    *rand.Rand
-	cands   []scoring.Candidate
-	gpu     []int
-	apx     []int
-	ids     []string
 	last    map[string]int32
 	sticky  [2]int
-	counter uint64
 	trail   []change // outstanding requests per replica
 	kvTrail []change // decode-phase KV blocks per replica
 	scratch []kvroute.BlockKey
@@ -263,9 +251,10 @@ func (r *run) push(e event) {
 	heap.Push(&r.h, e)
 }
 
-// Run replays w on cfg's fleet, routing every request with scoring.Pick
-// under sc, and reports what the engines did. The same inputs give the same
-// report.
+// Run replays w on cfg's fleet, routing every request through
+// router.Decide under sc (the service's decision core, through a
+// RouterView), and reports what the engines did. The same inputs give the
+// same report.
 func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -285,22 +274,21 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 	n := cfg.Replicas
 	r := &run{
 		cfg: cfg, sc: sc, w: &w, bt: w.BlockTokens,
-		reqs:   make([]reqState, len(w.Requests)),
-		eng:    make([]engine, n),
-		load:   make([]loadView, n),
-		index:  make(map[kvroute.BlockKey]uint64),
-		approx: make(map[kvroute.BlockKey]uint64),
-		tie:    rand.New(rand.NewPCG(cfg.Seed, 1)),
-		loss:   rand.New(rand.NewPCG(cfg.Seed, 2)),
-		cands:  make([]scoring.Candidate, n),
-		gpu:    make([]int, n),
-		apx:    make([]int, n),
-		ids:    make([]string, n),
-		last:   make(map[string]int32),
+		reqs: make([]reqState, len(w.Requests)),
+		eng:  make([]engine, n),
+		loss: rand.New(rand.NewPCG(cfg.Seed, 2)),
+		last: make(map[string]int32),
 	}
+	// MaxTokens 0: a trace's output length is known, and a request with
+	// none owes no decode.
+	rcfg := router.Config{Scoring: sc, BlockSize: w.BlockTokens, DecodeBooking: router.DecodeBooking(cfg.DecodeBooking)}
+	view, err := NewRouterView(n, rcfg, !cfg.RecordDecisions, rand.New(rand.NewPCG(cfg.Seed, 1)))
+	if err != nil {
+		return Report{}, err
+	}
+	r.view = view
 	for i := range r.eng {
 		r.eng[i].cache = newBlockCache()
-		r.ids[i] = "r" + strconv.Itoa(i)
 	}
 	for i, chains := range w.Warm {
 		if i >= n {
@@ -309,8 +297,8 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 		for _, ch := range chains {
 			for _, k := range ch {
 				r.eng[i].cache.touch(k)
-				r.index[k] |= 1 << uint(i)
 			}
+			r.view.Apply(true, i, kvroute.TierGPU, ch)
 		}
 		r.eng[i].cache.evictTo(cfg.CapacityBlocks, nil)
 	}
@@ -352,52 +340,24 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 	return r.report(), nil
 }
 
-// arrive routes a request: candidates from the router's index and load
-// view, one scoring.Pick, then booking and hand-off to the engine.
+// arrive routes a request through the router's view (one router.Decide,
+// which books the lease) and hands it to the engine.
 func (r *run) arrive(i int32) error {
 	q := &r.w.Requests[i]
 	st := &r.reqs[i]
 	st.arrive = r.now
-	r.matched(r.index, q.Keys, r.gpu)
-	if r.cfg.RecordDecisions {
-		r.matched(r.approx, q.Keys, r.apx)
-	}
-	outBlocks := (q.OutputTokens + r.bt - 1) / r.bt
-	active := float64(outBlocks)
-	if r.cfg.DecodeBooking == BookActive {
-		active = float64(len(q.Keys) + outBlocks)
-	}
-	for j := range r.cands {
-		l := r.load[j]
-		r.cands[j] = scoring.Candidate{
-			ID: r.ids[j], Routable: true, GPU: r.gpu[j], Any: r.gpu[j], Approx: r.apx[j],
-			Load: scoring.Load{Prefill: l.prefill, Decode: l.decode, Requests: l.reqs},
-		}
-	}
-	res, err := scoring.Pick(r.sc, scoring.Request{Blocks: len(q.Keys), ActiveBlocks: active, SessionID: q.Session, Counter: r.counter}, r.cands, r.tie)
-	r.counter++
+	out, err := r.view.Decide(Ask{
+		Keys: q.Keys, PromptTokens: q.PromptTokens, BlockSize: r.bt,
+		MaxTokens: q.OutputTokens, SessionID: q.Session, Now: time.Time{}.Add(r.now),
+	})
 	if err != nil {
 		return fmt.Errorf("sim: request %d: %w", i, err)
 	}
-	p := res.Pick
-	believed := r.gpu[p]
-	if r.cfg.RecordDecisions && r.apx[p] > believed {
-		believed = r.apx[p]
-	}
+	p := out.Pick
 	st.rep, st.routed = int32(p), true
-	st.believedTok = min(believed*r.bt, q.PromptTokens)
-	st.prefillBook = float64(max(len(q.Keys)-believed, 0))
-	st.decodeBook = active
-	st.outBlocks = outBlocks
-	r.load[p].prefill += st.prefillBook
-	r.load[p].decode += st.decodeBook
-	r.load[p].reqs++
-	if r.cfg.RecordDecisions {
-		bit := uint64(1) << uint(p)
-		for _, k := range q.Keys {
-			r.approx[k] |= bit
-		}
-	}
+	st.believedTok = min(out.Matched*r.bt, q.PromptTokens)
+	st.lease = out.Lease
+	st.outBlocks = int(router.OutputBlocks(q.OutputTokens, r.bt))
 	if q.Session != "" {
 		if prev, ok := r.last[q.Session]; ok {
 			r.sticky[1]++
@@ -414,29 +374,6 @@ func (r *run) arrive(i int32) error {
 	e.waiting = append(e.waiting, i)
 	r.tryStart(p)
 	return nil
-}
-
-// matched writes each replica's count of leading keys held per ix, in one
-// descent over a replica bitmask.
-func (r *run) matched(ix map[kvroute.BlockKey]uint64, keys []kvroute.BlockKey, out []int) {
-	clear(out)
-	alive := uint64(1)<<uint(r.cfg.Replicas) - 1
-	if r.cfg.Replicas == 64 {
-		alive = ^uint64(0)
-	}
-	for d, k := range keys {
-		h := ix[k] & alive
-		for gone := alive &^ h; gone != 0; gone &= gone - 1 {
-			out[bits.TrailingZeros64(gone)] = d
-		}
-		alive = h
-		if alive == 0 {
-			return
-		}
-	}
-	for ; alive != 0; alive &= alive - 1 {
-		out[bits.TrailingZeros64(alive)] = len(keys)
-	}
 }
 
 // tryStart admits waiting requests in FIFO order while the engine has a
@@ -506,18 +443,7 @@ func (r *run) emit(store bool, p int, keys []kvroute.BlockKey) {
 }
 
 func (r *run) apply(store bool, p int, keys []kvroute.BlockKey) {
-	bit := uint64(1) << uint(p)
-	for _, k := range keys {
-		if store {
-			r.index[k] |= bit
-		} else if v, ok := r.index[k]; ok {
-			if v &^= bit; v == 0 {
-				delete(r.index, k)
-			} else {
-				r.index[k] = v
-			}
-		}
-	}
+	r.view.Apply(store, p, kvroute.TierGPU, keys)
 }
 
 func (r *run) prefillDone(i int32) {
@@ -531,7 +457,7 @@ func (r *run) prefillDone(i int32) {
 		r.emit(true, p, st.fresh)
 		st.fresh = nil
 	}
-	r.load[p].prefill -= st.prefillBook
+	r.view.FirstToken(p, st.lease)
 	tokens := float64(max(q.OutputTokens-1, 0))
 	if r.cfg.DecodeSlowdown > 0 {
 		r.advance(p)
@@ -578,11 +504,7 @@ func (r *run) decodeDone(i int32) {
 	r.trail = append(r.trail, change{r.now, int32(p), int32(e.outstanding)})
 	e.decodeBlocks -= len(q.Keys) + st.outBlocks
 	r.kvTrail = append(r.kvTrail, change{r.now, int32(p), int32(e.decodeBlocks)})
-	r.load[p].decode -= st.decodeBook
-	r.load[p].reqs--
-	if r.load[p].reqs == 0 { // shed float drift
-		r.load[p] = loadView{}
-	}
+	r.view.Release(p, st.lease)
 	for _, f := range st.followers {
 		r.push(event{at: r.now + r.w.Requests[f].Arrival, kind: evArrive, req: f})
 	}

@@ -1,0 +1,177 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// DecodeBooking says what a decision books as the request's decode work.
+type DecodeBooking string
+
+const (
+	// BookOutput books the output still owed (expected output blocks): the
+	// work the replica owes, and what the service books by default.
+	BookOutput DecodeBooking = "output"
+	// BookActive books the KV the request holds while it runs (prompt
+	// plus output blocks), Dynamo's "active blocks". The simulator keeps
+	// it for comparison: counted that way one decoding request outweighs
+	// a whole prompt's cache hit.
+	BookActive DecodeBooking = "active"
+)
+
+// MaxLease bounds the life of any booking, whatever a request's numbers
+// predict: a lease outliving its request only keeps phantom load on a
+// replica.
+const MaxLease = time.Hour
+
+// Candidate is one replica of the request's model as a decision sees it:
+// what the index says it holds of the prompt and what it already owes.
+type Candidate struct {
+	ID       string
+	Routable bool
+	// Events is true for a replica that publishes KV-cache events. One
+	// that publishes none is known only from what decisions sent it, so
+	// a decision for it asks the caller to record approximate entries.
+	Events  bool
+	Overlap kvroute.Overlap
+	Load    scoring.Load
+}
+
+// Input is everything one decision depends on. Decide reads nothing else:
+// the service fills it from the store, the simulator from its model of the
+// router's view, and both get the same answer for the same Input.
+type Input struct {
+	RequestID string
+	Model     string
+	// Blocks is the number of full prompt blocks keyed (the overlaps are
+	// counted in these); PromptTokens the prompt's length in tokens.
+	Blocks       int
+	PromptTokens int
+	BlockSize    int
+	// MaxTokens is the request's output limit; 0 or less means the
+	// client gave none and Config.MaxTokens is assumed.
+	MaxTokens int
+	SessionID string
+	// Policy overrides Config.Scoring.Policy when not empty.
+	Policy scoring.Policy
+	// Counter drives round-robin; the caller keeps it.
+	Counter    uint64
+	Now        time.Time
+	Candidates []Candidate
+}
+
+// Outcome is a decision: the pick, what to book for it, and what explain
+// shows.
+type Outcome struct {
+	// Pick indexes Input.Candidates.
+	Pick   int
+	Result scoring.Result
+	// Matched is the leading blocks the pick is believed to hold, from
+	// events or, when those say less, from approximate entries
+	// (Approximate is then true).
+	Matched     int
+	Approximate bool
+	// Lease is the load to book on the pick: the prefill left after the
+	// credited overlap, the decode booking, and an expiry.
+	Lease kvroute.Lease
+	// RecordApprox asks the caller to remember that the pick was sent the
+	// prompt's blocks (it publishes no events).
+	RecordApprox bool
+}
+
+// Decide makes one decision. It is pure: the same cfg, in and random
+// sequence give the same Outcome, which is what lets the simulator stand
+// for the service. The only error is scoring's (no routable candidate, an
+// unknown policy).
+func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
+	sc := cfg.Scoring
+	if in.Policy != "" {
+		sc.Policy = in.Policy
+	}
+	maxTokens := in.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = cfg.MaxTokens
+	}
+	decode := OutputBlocks(maxTokens, in.BlockSize)
+	if cfg.DecodeBooking == BookActive {
+		decode += int64(in.Blocks)
+	}
+	cands := make([]scoring.Candidate, len(in.Candidates))
+	for i, c := range in.Candidates {
+		cands[i] = scoring.Candidate{
+			ID: c.ID, Routable: c.Routable, GPU: c.Overlap.GPU, Any: c.Overlap.Any, Approx: c.Overlap.Approx,
+			Load: c.Load,
+		}
+	}
+	sreq := scoring.Request{Blocks: in.Blocks, ActiveBlocks: float64(decode), SessionID: in.SessionID, Counter: in.Counter}
+	res, err := scoring.Pick(sc, sreq, cands, rng)
+	if err != nil {
+		return Outcome{Result: res}, err
+	}
+	p := res.Pick
+	s := res.Scores[p]
+	out := Outcome{Pick: p, Result: res, Matched: max(s.GPU, s.Any)}
+	if s.Approx > out.Matched {
+		out.Matched, out.Approximate = s.Approx, true
+	}
+	// The prefill still owed is what the cost function credited, not the
+	// raw overlap: a host-tier or approximate block is worth a fraction of
+	// a GPU block there, and the booking must agree with the cost the pick
+	// was made on.
+	prefill := int64(in.Blocks) - int64(s.Matched)
+	out.Lease = kvroute.Lease{
+		RequestID: in.RequestID, Model: in.Model, Replica: in.Candidates[p].ID,
+		PrefillBlocks: max(prefill, 0), DecodeBlocks: decode,
+		Expires: in.Now.Add(LeaseTTL(cfg, in.PromptTokens, maxTokens)),
+	}
+	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
+	return out, nil
+}
+
+// OutputBlocks is the decode work a request owes in blocks: its output
+// tokens rounded up to whole blocks. It does not overflow on any int.
+func OutputBlocks(tokens, blockSize int) int64 {
+	if tokens <= 0 || blockSize <= 0 {
+		return 0
+	}
+	n := int64(tokens / blockSize)
+	if tokens%blockSize != 0 {
+		n++
+	}
+	return n
+}
+
+// LeaseTTL is how long a booking may live: the configured minimum plus the
+// request's predicted duration at conservative engine speeds, capped at
+// MaxLease. The arithmetic is done in float seconds and capped before it
+// becomes a Duration, so no request's numbers can overflow it.
+func LeaseTTL(cfg Config, promptTokens, maxTokens int) time.Duration {
+	secs := cfg.LeaseTTL.Seconds()
+	if cfg.PrefillTPS > 0 {
+		secs += float64(max(promptTokens, 0)) / cfg.PrefillTPS
+	}
+	if cfg.DecodeTPS > 0 {
+		secs += float64(max(maxTokens, 0)) / cfg.DecodeTPS
+	}
+	limit := MaxLease
+	if cfg.MaxLease > 0 {
+		limit = cfg.MaxLease
+	}
+	if !(secs < limit.Seconds()) { // NaN too
+		return limit
+	}
+	return time.Duration(math.Round(secs * float64(time.Second)))
+}
+
+// validBooking rejects a decode booking the core does not know.
+func validBooking(b DecodeBooking) error {
+	switch b {
+	case "", BookOutput, BookActive:
+		return nil
+	}
+	return fmt.Errorf("decode booking must be %q or %q, got %q", BookOutput, BookActive, b)
+}
