@@ -374,7 +374,6 @@ func (r *Router) markDown() {
 
 func (r *Router) storeDown() bool { return r.now().UnixNano() < r.downUntil.Load() }
 
-
 // registryCache keeps the last registry read. It is what lets a pod keep
 // deciding while the store is down.
 type registryCache struct {
