@@ -24,7 +24,7 @@ import (
 // here so that the view can hold everything the service's index holds.
 type RouterView struct {
 	cfg    router.Config
-	events bool
+	events []bool
 	index  map[kvroute.BlockKey]uint64 // GPU tier, a bit per replica
 	host   map[kvroute.BlockKey]uint64 // offload tiers
 	approx map[kvroute.BlockKey]uint64
@@ -47,7 +47,7 @@ func NewRouterView(n int, cfg router.Config, events bool, rng *rand.Rand) (*Rout
 		return nil, fmt.Errorf("sim: router view: replicas must be in 1..64, got %d", n)
 	}
 	v := &RouterView{
-		cfg: cfg, events: events, rng: rng,
+		cfg: cfg, events: make([]bool, n), rng: rng,
 		index:  make(map[kvroute.BlockKey]uint64),
 		host:   make(map[kvroute.BlockKey]uint64),
 		approx: make(map[kvroute.BlockKey]uint64),
@@ -60,9 +60,13 @@ func NewRouterView(n int, cfg router.Config, events bool, rng *rand.Rand) (*Rout
 	}
 	for i := range v.ids {
 		v.ids[i] = "r" + strconv.Itoa(i)
+		v.events[i] = events
 	}
 	return v, nil
 }
+
+// SetEvents says whether replica p publishes KV events.
+func (v *RouterView) SetEvents(p int, on bool) { v.events[p] = on }
 
 // IDs are the replicas' ids, in order.
 func (v *RouterView) IDs() []string { return v.ids }
@@ -111,14 +115,14 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 	} else {
 		v.matched(v.index, v.host, a.Keys, v.any)
 	}
-	if v.events {
+	if len(v.approx) == 0 {
 		clear(v.apx)
 	} else {
 		v.matched(v.approx, nil, a.Keys, v.apx)
 	}
 	for j := range v.cands {
 		v.cands[j] = router.Candidate{
-			ID: v.ids[j], Routable: true, Events: v.events,
+			ID: v.ids[j], Routable: true, Events: v.events[j],
 			Overlap: kvroute.Overlap{GPU: v.gpu[j], Any: v.any[j], Approx: v.apx[j]},
 			Load:    v.load[j],
 		}
