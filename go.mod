@@ -1,6 +1,6 @@
 module github.com/kvroute/kvroute
 
-go 1.27
+go 1.27.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
@@ -14,9 +14,12 @@ require (
 )
 
 require (
+	github.com/ardanlabs/jinja v1.12.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/dlclark/regexp2/v2 v2.13.0 // indirect
 	github.com/go-zeromq/goczmq/v4 v4.2.2 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/oklog/run v1.2.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect

@@ -1,0 +1,241 @@
+package tokenizer
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// addedToken is one entry of tokenizer.json's added_tokens.
+type addedToken struct {
+	id         uint32
+	content    string
+	singleWord bool
+	lstrip     bool
+	rstrip     bool
+	normalized bool
+	special    bool
+}
+
+// addedVocab finds added tokens in text the way Hugging Face's
+// AddedVocabulary does: non-normalized tokens are matched on the raw
+// text, normalized ones on each remaining piece after normalization, both
+// leftmost-longest.
+type addedVocab struct {
+	tokens    []addedToken
+	byContent map[string]uint32
+	byID      map[uint32]*addedToken
+	raw       *matcher // non-normalized tokens; nil when none
+	norm      *matcher // normalized tokens, by normalized content; nil when none
+}
+
+func newAddedVocab(list []addedTokenJSON, m *bpe, n normalizer) (*addedVocab, error) {
+	av := &addedVocab{byContent: map[string]uint32{}, byID: map[uint32]*addedToken{}}
+	nextID := uint32(len(m.vocab))
+	var rawPats, normPats []matcherPattern
+	for _, j := range list {
+		if j.Content == "" {
+			continue
+		}
+		// Hugging Face gives an added token the model's id for the same
+		// string if there is one, else the next free id.
+		id, ok := m.vocab[j.Content]
+		if prev, dup := av.byContent[j.Content]; dup {
+			id, ok = prev, true
+		}
+		if !ok {
+			id = j.ID
+			if id < nextID && int(id) < len(m.vocabR) && m.vocabR[id] != "" {
+				return nil, fmt.Errorf("token %q has id %d, which the model gives %q", j.Content, id, m.vocabR[id])
+			}
+		}
+		nextID = max(nextID, id+1)
+		t := addedToken{id: id, content: j.Content, singleWord: j.SingleWord, lstrip: j.LStrip,
+			rstrip: j.RStrip, normalized: j.Normalized, special: j.Special}
+		av.tokens = append(av.tokens, t)
+		av.byContent[j.Content] = id
+	}
+	for i := range av.tokens {
+		t := &av.tokens[i]
+		av.byID[t.id] = t
+	}
+	// Later entries for the same id win, as in Hugging Face's map.
+	for id, t := range av.byID {
+		if t.normalized {
+			pat := t.content
+			if n != nil {
+				pat = n.normalize(pat)
+			}
+			normPats = append(normPats, matcherPattern{pat, id})
+		} else {
+			rawPats = append(rawPats, matcherPattern{t.content, id})
+		}
+	}
+	av.raw = newMatcher(rawPats)
+	av.norm = newMatcher(normPats)
+	return av, nil
+}
+
+// span is a piece of input: either an added token (isToken, id) or text
+// still to be tokenized, with its byte offsets in the string it came from.
+type span struct {
+	start, end int
+	isToken    bool
+	id         uint32
+}
+
+// find splits s at the added tokens m matches, applying each token's
+// single_word, lstrip and rstrip exactly as Hugging Face's find_matches.
+func (av *addedVocab) find(dst []span, s string, m *matcher) []span {
+	if s == "" {
+		return dst
+	}
+	if m == nil {
+		return append(dst, span{start: 0, end: len(s)})
+	}
+	startOffset := 0
+	pos := 0
+	for {
+		start, stop, id, ok := m.next(s, pos)
+		if !ok {
+			break
+		}
+		pos = stop
+		t := av.byID[id]
+		if t.singleWord {
+			startSpace := start == 0 || !endsWithWord(s[:start])
+			stopSpace := stop == len(s) || !startsWithWord(s[stop:])
+			if !startSpace || !stopSpace {
+				continue
+			}
+		}
+		if t.lstrip {
+			start = max(leftmostSpaceAtEnd(s[:start]), startOffset)
+		}
+		if t.rstrip {
+			// The automaton still resumes after the unstripped match.
+			stop += rightmostSpaceAtStart(s[stop:])
+		}
+		if startOffset < start {
+			dst = append(dst, span{start: startOffset, end: start})
+		}
+		dst = append(dst, span{start: start, end: stop, isToken: true, id: id})
+		startOffset = stop
+	}
+	if startOffset < len(s) {
+		dst = append(dst, span{start: startOffset, end: len(s)})
+	}
+	return dst
+}
+
+// isWordChar is the Rust regex crate's Unicode \w.
+func isWordChar(r rune) bool { return isRegexWord(r) }
+
+func endsWithWord(s string) bool {
+	r, n := utf8.DecodeLastRuneInString(s)
+	return n > 0 && isWordChar(r)
+}
+
+func startsWithWord(s string) bool {
+	r, n := utf8.DecodeRuneInString(s)
+	return n > 0 && isWordChar(r)
+}
+
+// leftmostSpaceAtEnd is the start of the run of whitespace ending s.
+func leftmostSpaceAtEnd(s string) int {
+	i := len(s)
+	for i > 0 {
+		r, n := utf8.DecodeLastRuneInString(s[:i])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i -= n
+	}
+	return i
+}
+
+// rightmostSpaceAtStart is the length of the run of whitespace starting s.
+func rightmostSpaceAtStart(s string) int {
+	i := 0
+	for i < len(s) {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+type matcherPattern struct {
+	s  string
+	id uint32
+}
+
+// matcher is a byte trie answering leftmost-longest queries, the match
+// kind Hugging Face's Aho–Corasick automaton uses. Trying each start
+// position in turn and walking the trie as far as it goes is
+// leftmost-longest by construction; a table of possible first bytes skips
+// most positions without touching the trie.
+type matcher struct {
+	first [256]bool
+	nodes []trieNode
+	edges map[uint64]int32 // node<<8|byte -> child node
+}
+
+type trieNode struct {
+	id       uint32
+	terminal bool
+}
+
+func newMatcher(pats []matcherPattern) *matcher {
+	if len(pats) == 0 {
+		return nil
+	}
+	m := &matcher{nodes: []trieNode{{}}, edges: map[uint64]int32{}}
+	for _, p := range pats {
+		if p.s == "" {
+			continue
+		}
+		m.first[p.s[0]] = true
+		cur := int32(0)
+		for i := 0; i < len(p.s); i++ {
+			k := uint64(cur)<<8 | uint64(p.s[i])
+			nxt, ok := m.edges[k]
+			if !ok {
+				nxt = int32(len(m.nodes))
+				m.nodes = append(m.nodes, trieNode{})
+				m.edges[k] = nxt
+			}
+			cur = nxt
+		}
+		m.nodes[cur] = trieNode{id: p.id, terminal: true}
+	}
+	return m
+}
+
+// next finds the leftmost-longest match starting at or after pos.
+func (m *matcher) next(s string, pos int) (start, end int, id uint32, ok bool) {
+	for i := pos; i < len(s); i++ {
+		if !m.first[s[i]] {
+			continue
+		}
+		cur := int32(0)
+		best := -1
+		var bestID uint32
+		for j := i; j < len(s); j++ {
+			nxt, found := m.edges[uint64(cur)<<8|uint64(s[j])]
+			if !found {
+				break
+			}
+			cur = nxt
+			if m.nodes[cur].terminal {
+				best, bestID = j+1, m.nodes[cur].id
+			}
+		}
+		if best >= 0 {
+			return i, best, bestID, true
+		}
+	}
+	return 0, 0, 0, false
+}
