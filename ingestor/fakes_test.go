@@ -11,6 +11,8 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/ingestor/internal/wire"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
 
 // fakeStore is an in-memory ingestor.Store with the real store's semantics
@@ -236,7 +238,7 @@ func (p *fakePub) next(events ...any) [][]byte {
 	}
 	// ts differs per epoch, so a restarted publisher's batch at a seq
 	// never has the bytes of the old one.
-	f := msg(p.tb, p.topic, p.seq, []any{float64(p.epoch*1000) + float64(p.seq), events, 0})
+	f := wire.Msg(p.tb, p.topic, p.seq, []any{float64(p.epoch*1000) + float64(p.seq), events, 0})
 	p.seq++
 	p.buf = append(p.buf, f)
 	if p.bufSize > 0 && len(p.buf) > p.bufSize {
@@ -253,7 +255,7 @@ func (p *fakePub) restart() {
 // replay answers like the ROUTER socket, in either frame layout, through
 // the package's own reply decoder.
 func (p *fakePub) replay(calls *int) ingestor.ReplayFunc {
-	return func(_ context.Context, from uint64, fn func(ingestor.Batch) error) error {
+	return func(_ context.Context, from uint64, fn func(kvevents.Batch) error) error {
 		*calls++
 		var replies [][][]byte
 		for _, f := range p.buf {
@@ -266,12 +268,12 @@ func (p *fakePub) replay(calls *int) ingestor.ReplayFunc {
 			}
 		}
 		if p.oldLayout {
-			replies = append(replies, [][]byte{{}, seq8(ingestor.EndSeq), {}})
+			replies = append(replies, [][]byte{{}, wire.Seq8(kvevents.EndSeq), {}})
 		} else {
-			replies = append(replies, [][]byte{{}, {}, seq8(ingestor.EndSeq), {}})
+			replies = append(replies, [][]byte{{}, {}, wire.Seq8(kvevents.EndSeq), {}})
 		}
 		for _, r := range replies {
-			m, err := ingestor.DecodeReplay(r)
+			m, err := kvevents.DecodeReplay(r)
 			if err != nil {
 				return fmt.Errorf("fake replay: %w", err)
 			}

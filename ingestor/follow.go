@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
 
 // IndexStore is what following one replica's stream needs from the store.
@@ -25,7 +26,7 @@ type IndexStore interface {
 // ReplayFunc asks a replica's replay socket for every buffered batch with
 // seq >= from and calls fn on each, in order, until the end marker. It
 // returns an error when the replica does not answer in time.
-type ReplayFunc func(ctx context.Context, from uint64, fn func(Batch) error) error
+type ReplayFunc func(ctx context.Context, from uint64, fn func(kvevents.Batch) error) error
 
 // FollowerConfig configures a Follower.
 type FollowerConfig struct {
@@ -96,7 +97,7 @@ type Follower struct {
 // pending is a translated batch waiting for its store call; its ops end at
 // end in Follower.ops.
 type pending struct {
-	b   *Batch
+	b   *kvevents.Batch
 	end int
 	st  TranslateStats
 }
@@ -178,9 +179,9 @@ func (f *Follower) readSeq(ctx context.Context) error {
 }
 
 // Handle applies one live batch.
-func (f *Follower) Handle(ctx context.Context, b Batch) error {
+func (f *Follower) Handle(ctx context.Context, b kvevents.Batch) error {
 	if b.Seq > math.MaxInt64 {
-		f.m.decodeErrors.WithLabelValues(RejectSeq).Inc()
+		f.m.decodeErrors.WithLabelValues(kvevents.RejectSeq).Inc()
 		return nil
 	}
 	if !f.synced {
@@ -221,7 +222,7 @@ func (f *Follower) Handle(ctx context.Context, b Batch) error {
 
 // recover applies b after trying to fill everything before it from the
 // replay buffer; when that fails it clears the replica and rebuilds from b.
-func (f *Follower) recover(ctx context.Context, b Batch) error {
+func (f *Follower) recover(ctx context.Context, b kvevents.Batch) error {
 	s := int64(b.Seq)
 	if f.replay != nil {
 		err := f.catchUp(ctx)
@@ -272,7 +273,7 @@ func (f *Follower) replayOnce(ctx context.Context) error {
 		from = uint64(f.last)
 	}
 	n, first := 0, int64(-1)
-	err := f.replay(ctx, from, func(b Batch) error {
+	err := f.replay(ctx, from, func(b kvevents.Batch) error {
 		if b.Seq > math.MaxInt64 {
 			return nil
 		}
@@ -348,7 +349,7 @@ const maxRunOps = 256
 // passes what is already queued, so nothing waits to be batched: an
 // ingestor that keeps up applies batch by batch, one that fell behind
 // catches up in a few round trips.
-func (f *Follower) HandleBatches(ctx context.Context, bs []Batch) error {
+func (f *Follower) HandleBatches(ctx context.Context, bs []kvevents.Batch) error {
 	var errs []error
 	for len(bs) > 0 {
 		n, err := f.applyRun(ctx, bs)
@@ -371,7 +372,7 @@ func (f *Follower) HandleBatches(ctx context.Context, bs []Batch) error {
 // error, the batches up to the one that failed, as Handle would have
 // consumed them, so that the rest go through Handle, which re-reads the
 // store first.
-func (f *Follower) applyRun(ctx context.Context, bs []Batch) (int, error) {
+func (f *Follower) applyRun(ctx context.Context, bs []kvevents.Batch) (int, error) {
 	next := int64(0)
 	if f.have {
 		next = f.last + 1
@@ -411,7 +412,7 @@ func (f *Follower) applyRun(ctx context.Context, bs []Batch) (int, error) {
 }
 
 // apply translates and applies one batch as one store call.
-func (f *Follower) apply(ctx context.Context, b Batch) error {
+func (f *Follower) apply(ctx context.Context, b kvevents.Batch) error {
 	f.countSkipped(b.Skipped)
 	if err := f.tr.fetch(ctx, f.tr.missing(b.Events)); err != nil {
 		f.synced = false

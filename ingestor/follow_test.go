@@ -6,6 +6,8 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/ingestor/internal/wire"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -37,7 +39,7 @@ func (fx *followFixture) newFollower(t *testing.T, withReplay bool) {
 
 func (fx *followFixture) live(t *testing.T, frames [][]byte) {
 	t.Helper()
-	b, err := ingestor.Decode(frames)
+	b, err := kvevents.Decode(frames)
 	if err != nil {
 		t.Fatalf("Decode: %v", err)
 	}
@@ -54,7 +56,7 @@ func (fx *followFixture) block() [][]byte {
 	if s > 0 {
 		parent = 1000*fx.pub.epoch + int(s) - 1
 	}
-	return fx.pub.next(stored([]any{1000*fx.pub.epoch + int(s)}, parent, tokens(int(s)*4, 4), 4))
+	return fx.pub.next(wire.Stored([]any{1000*fx.pub.epoch + int(s)}, parent, wire.Tokens(int(s)*4, 4), 4))
 }
 
 func (fx *followFixture) wantApplied(t *testing.T, want ...int64) {
@@ -78,7 +80,7 @@ func (fx *followFixture) wantResets(t *testing.T, want int) {
 // the one chained prompt the fixture publishes.
 func (fx *followFixture) wantHeld(t *testing.T, from, n int) {
 	t.Helper()
-	all := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, utokens(0, 4*(from+n)), nil)
+	all := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, wire.UTokens(0, 4*(from+n)), nil)
 	want := map[kvroute.BlockKey]bool{}
 	for _, k := range all[from:] {
 		want[k] = true
@@ -252,7 +254,7 @@ func TestFollowerSequencing(t *testing.T) {
 		for range 3 {
 			f := fx.block()
 			fx.live(t, f)
-			b, _ := ingestor.Decode(f)
+			b, _ := kvevents.Decode(f)
 			if err := other.Handle(t.Context(), b); err != nil {
 				t.Fatal(err)
 			}
@@ -279,7 +281,7 @@ func TestFollowerSequencing(t *testing.T) {
 		fx := newFollow(t, true, 0)
 		fx.live(t, fx.block())
 		fx.st.failNext = 1
-		b, _ := ingestor.Decode(fx.block())
+		b, _ := kvevents.Decode(fx.block())
 		if err := fx.f.Handle(t.Context(), b); err == nil {
 			t.Fatal("Handle: got nil error during outage")
 		}
@@ -291,11 +293,11 @@ func TestFollowerSequencing(t *testing.T) {
 
 // decodeAll decodes live messages as a worker does before handing them to
 // the follower together.
-func decodeAll(t *testing.T, msgs ...[][]byte) []ingestor.Batch {
+func decodeAll(t *testing.T, msgs ...[][]byte) []kvevents.Batch {
 	t.Helper()
-	bs := make([]ingestor.Batch, len(msgs))
+	bs := make([]kvevents.Batch, len(msgs))
 	for i, m := range msgs {
-		b, err := ingestor.Decode(m)
+		b, err := kvevents.Decode(m)
 		if err != nil {
 			t.Fatalf("Decode: %v", err)
 		}
@@ -471,12 +473,12 @@ func TestFollowerHandleBatches(t *testing.T) {
 		// block 0 needs the store again, so it waits until the batches
 		// before it are applied.
 		b2 := fx.block()
-		fresh := fx.pub.next(stored([]any{5000}, nil, tokens(100, 4), 4))
-		offload := fx.pub.next(stored([]any{0}, nil, []any{}, 0, nil, "CPU"))
+		fresh := fx.pub.next(wire.Stored([]any{5000}, nil, wire.Tokens(100, 4), 4))
+		offload := fx.pub.next(wire.Stored([]any{0}, nil, []any{}, 0, nil, "CPU"))
 		fx.handleAll(t, b2, fresh, offload)
 		fx.wantCalls(t, 2)
 		fx.wantApplied(t, 0, 1, 2, 3, 4)
-		key0 := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, utokens(0, 4), nil)[0]
+		key0 := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, wire.UTokens(0, 4), nil)[0]
 		fx.st.mu.Lock()
 		refs := fx.st.held[tModel+"/"+tRep][key0]
 		fx.st.mu.Unlock()

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -393,7 +394,7 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 		var replay ReplayFunc
 		if r.Replay != "" {
 			ep, timeout := r.Replay, in.c.ReplayTimeout
-			replay = func(ctx context.Context, from uint64, fn func(Batch) error) error {
+			replay = func(ctx context.Context, from uint64, fn func(kvevents.Batch) error) error {
 				return in.c.Transport.Replay(ctx, ep, from, timeout, fn)
 			}
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
 
 // Stream is an open subscription. Recv blocks until a message arrives or
@@ -31,7 +32,7 @@ type Transport interface {
 	Listen(ctx context.Context, endpoint string) (Stream, error)
 	// Replay asks a replica's ROUTER for every buffered batch from seq on.
 	// No reply within timeout (a bad request gets none) is an error.
-	Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(Batch) error) error
+	Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(kvevents.Batch) error) error
 }
 
 // ZMQ is the Transport over github.com/go-zeromq/zmq4.
@@ -81,7 +82,7 @@ func (ZMQ) Listen(ctx context.Context, endpoint string) (Stream, error) {
 
 // Replay implements Transport with a DEALER socket: it sends ["", seq8] and
 // reads replies until the end marker. A REQ socket would take one reply only.
-func (ZMQ) Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(Batch) error) error {
+func (ZMQ) Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(kvevents.Batch) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout), zmq4.WithTimeout(timeout), zmq4.WithLogger(discardLog))
@@ -111,7 +112,7 @@ func (ZMQ) Replay(ctx context.Context, endpoint string, from uint64, timeout tim
 			return fmt.Errorf("replay recv: %w", err)
 		}
 		t.Reset(timeout)
-		r, err := DecodeReplay(m.Frames)
+		r, err := kvevents.DecodeReplay(m.Frames)
 		if err != nil {
 			return fmt.Errorf("replay: %w", err)
 		}
@@ -189,8 +190,8 @@ type worker struct {
 	in     chan feed
 	redial chan struct{}
 	purged chan struct{}
-	feeds  []feed  // reused by drain
-	bs     []Batch // reused by handle
+	feeds  []feed           // reused by drain
+	bs     []kvevents.Batch // reused by handle
 
 	mu        sync.Mutex
 	downSince time.Time // zero while the stream is connected
@@ -339,24 +340,24 @@ func (w *worker) handle(ctx context.Context, fs []feed) {
 
 // decode decodes one live message of the worker's replica; it counts and
 // drops a bad one.
-func (w *worker) decode(frames [][]byte) (Batch, bool) {
-	b, err := Decode(frames)
+func (w *worker) decode(frames [][]byte) (kvevents.Batch, bool) {
+	b, err := kvevents.Decode(frames)
 	if err != nil {
-		w.m.decodeErrors.WithLabelValues(ReasonOf(err)).Inc()
+		w.m.decodeErrors.WithLabelValues(kvevents.ReasonOf(err)).Inc()
 		w.log.Debug("bad message", "err", err)
-		return Batch{}, false
+		return kvevents.Batch{}, false
 	}
 	if w.rep.Topic != "" && b.Topic != w.rep.Topic {
 		// SUB filters match prefixes: "kv" also lets "kv2" through.
 		w.m.decodeErrors.WithLabelValues("topic").Inc()
-		return Batch{}, false
+		return kvevents.Batch{}, false
 	}
 	return b, true
 }
 
 // apply hands batches to the follower, logging what it could not apply:
 // the follower has already arranged to catch up (see Follower.Handle).
-func (w *worker) apply(ctx context.Context, bs []Batch) {
+func (w *worker) apply(ctx context.Context, bs []kvevents.Batch) {
 	if len(bs) == 0 {
 		return
 	}
@@ -480,7 +481,7 @@ func (d *dispatcher) run(ctx context.Context, s Stream) error {
 			return fmt.Errorf("bind recv: %w", err)
 		}
 		if len(frames) != 3 {
-			d.m.decodeErrors.WithLabelValues(RejectFrames).Inc()
+			d.m.decodeErrors.WithLabelValues(kvevents.RejectFrames).Inc()
 			continue
 		}
 		d.mu.RLock()

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
 
 // KeyLookup resolves engine hashes the translator has not seen itself to the
@@ -111,7 +112,7 @@ func (t *Translator) remember(h uint64, c cached) {
 // cannot be mapped to the name a request carries; such blocks get a key
 // space of their own ("lora-id:N") so they are never confused with the
 // base model, at the cost of never matching a request.
-func KeySpaceOf(model string, seed uint64, ev *Event) kvroute.KeySpace {
+func KeySpaceOf(model string, seed uint64, ev *kvevents.Event) kvroute.KeySpace {
 	ks := kvroute.KeySpace{Model: model, LoRA: ev.LoRAName, Seed: seed}
 	if ks.LoRA == "" && ev.HasLoRAID {
 		ks.LoRA = "lora-id:" + strconv.FormatInt(ev.LoRAID, 10)
@@ -139,7 +140,7 @@ func KeySpaceOf(model string, seed uint64, ev *Event) kvroute.KeySpace {
 //   - any other string is an old-style multimodal identifier (offset 0);
 //   - bytes (prompt-embeds digests), integers and anything else go to Other,
 //     typed by a prefix so that a bytes item never equals a string item.
-func BlockExtras(ev *Event) []kvroute.BlockExtra {
+func BlockExtras(ev *kvevents.Event) []kvroute.BlockExtra {
 	if len(ev.ExtraKeys) == 0 {
 		return nil
 	}
@@ -147,8 +148,8 @@ func BlockExtras(ev *Event) []kvroute.BlockExtra {
 	for i, items := range ev.ExtraKeys {
 		if len(items) > 0 {
 			first := items[0]
-			if (first.Kind == ExtraString && ev.LoRAName != "" && first.Str == ev.LoRAName) ||
-				(first.Kind == ExtraInt && ev.HasLoRAID && first.Int == ev.LoRAID) {
+			if (first.Kind == kvevents.ExtraString && ev.LoRAName != "" && first.Str == ev.LoRAName) ||
+				(first.Kind == kvevents.ExtraInt && ev.HasLoRAID && first.Int == ev.LoRAID) {
 				items = items[1:]
 			}
 		}
@@ -158,7 +159,7 @@ func BlockExtras(ev *Event) []kvroute.BlockExtra {
 		salt := -1
 		if i == 0 && !ev.HasParent {
 			for j := len(items) - 1; j >= 0; j-- {
-				if items[j].Kind == ExtraString {
+				if items[j].Kind == kvevents.ExtraString {
 					salt = j
 					break
 				}
@@ -169,13 +170,13 @@ func BlockExtras(ev *Event) []kvroute.BlockExtra {
 			switch {
 			case j == salt:
 				x.Salt = it.Str
-			case it.Kind == ExtraString:
+			case it.Kind == kvevents.ExtraString:
 				x.MM = append(x.MM, kvroute.MMRef{ID: it.Str})
-			case it.Kind == ExtraPair:
+			case it.Kind == kvevents.ExtraPair:
 				x.MM = append(x.MM, kvroute.MMRef{ID: it.Str, Offset: it.Int})
-			case it.Kind == ExtraBytes:
+			case it.Kind == kvevents.ExtraBytes:
 				x.Other = append(x.Other, "bytes:"+hex.EncodeToString([]byte(it.Str)))
-			case it.Kind == ExtraInt:
+			case it.Kind == kvevents.ExtraInt:
 				x.Other = append(x.Other, "int:"+strconv.FormatInt(it.Int, 10))
 			default:
 				x.Other = append(x.Other, "other:"+it.Str)
@@ -201,7 +202,7 @@ func BlockExtras(ev *Event) []kvroute.BlockExtra {
 // (typically a replica that was running before any ingestor joined and whose
 // replay buffer no longer reaches back); the replica's next restart or cache
 // reset, or an operator's reset, rebuilds it.
-func (t *Translator) Translate(ctx context.Context, events []Event) ([]kvroute.IndexOp, TranslateStats, error) {
+func (t *Translator) Translate(ctx context.Context, events []kvevents.Event) ([]kvroute.IndexOp, TranslateStats, error) {
 	if err := t.fetch(ctx, t.missing(events)); err != nil {
 		return nil, TranslateStats{}, err
 	}
@@ -211,19 +212,19 @@ func (t *Translator) Translate(ctx context.Context, events []Event) ([]kvroute.I
 
 // appendOps appends the index operations of events to ops; every hash
 // they refer to must be cached or stored earlier in events (see fetch).
-func (t *Translator) appendOps(ops []kvroute.IndexOp, events []Event) ([]kvroute.IndexOp, TranslateStats) {
+func (t *Translator) appendOps(ops []kvroute.IndexOp, events []kvevents.Event) ([]kvroute.IndexOp, TranslateStats) {
 	var st TranslateStats
 	for i := range events {
 		ev := &events[i]
 		switch ev.Kind {
-		case AllBlocksCleared:
+		case kvevents.AllBlocksCleared:
 			ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpClear})
 			st.Clears++
 			// The store forgets the replica's engine hashes; so do we, so
 			// that a later event cannot chain from a block it lost.
 			t.cache = make(map[uint64]cached)
 
-		case BlockRemoved:
+		case kvevents.BlockRemoved:
 			if ev.HasGroup && (t.nonFull[ev.GroupIdx] || (len(t.full) > 0 && !t.full[ev.GroupIdx])) {
 				st.skip(SkipNonFullAttention, 1)
 				continue
@@ -234,7 +235,7 @@ func (t *Translator) appendOps(ops []kvroute.IndexOp, events []Event) ([]kvroute
 			}
 			st.Removed += len(ev.BlockHashes)
 
-		case BlockStored:
+		case kvevents.BlockStored:
 			if ev.SpecKind != "" && ev.SpecKind != "full_attention" {
 				if ev.HasGroup {
 					t.nonFull[ev.GroupIdx] = true
@@ -284,7 +285,7 @@ func (t *Translator) appendOps(ops []kvroute.IndexOp, events []Event) ([]kvroute
 // store (which keeps no parents) it is the previous block of the event, or
 // for the first one the event's parent_block_hash (nil: a prompt's start).
 // When none of that is known the block is dropped as unknown too.
-func (t *Translator) offload(ops []kvroute.IndexOp, ev *Event, tier kvroute.Tier, st *TranslateStats) []kvroute.IndexOp {
+func (t *Translator) offload(ops []kvroute.IndexOp, ev *kvevents.Event, tier kvroute.Tier, st *TranslateStats) []kvroute.IndexOp {
 	prev, havePrev := kvroute.NoParent, !ev.HasParent
 	if ev.HasParent {
 		if c, ok := t.cache[ev.Parent]; ok {
@@ -319,7 +320,7 @@ const unknownParent = kvroute.BlockKey(1)
 // stored with tokens by an earlier event of the same events: what fetch
 // must ask the store. The common batch, a prompt's blocks whose parent
 // this translator keyed itself, needs nothing and costs no allocation.
-func (t *Translator) missing(events []Event) []uint64 {
+func (t *Translator) missing(events []kvevents.Event) []uint64 {
 	if t.lookup == nil {
 		return nil
 	}
@@ -334,7 +335,7 @@ func (t *Translator) missing(events []Event) []uint64 {
 		if known == nil {
 			known = map[uint64]bool{}
 			for j := range events[:i] {
-				if ev := &events[j]; ev.Kind == BlockStored && len(ev.TokenIDs) > 0 {
+				if ev := &events[j]; ev.Kind == kvevents.BlockStored && len(ev.TokenIDs) > 0 {
 					for _, h := range ev.BlockHashes {
 						known[h] = true
 					}
@@ -349,11 +350,11 @@ func (t *Translator) missing(events []Event) []uint64 {
 	}
 	for i := range events {
 		ev := &events[i]
-		if ev.Kind == AllBlocksCleared {
+		if ev.Kind == kvevents.AllBlocksCleared {
 			// Later events cannot chain from anything before the clear.
 			break
 		}
-		if ev.Kind != BlockStored {
+		if ev.Kind != kvevents.BlockStored {
 			continue
 		}
 		if len(ev.TokenIDs) == 0 {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/ingestor/internal/wire"
+	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
 
 // fakeLookup is a store's engine-hash map.
@@ -24,8 +26,8 @@ func (f *fakeLookup) EngineKeys(_ context.Context, _, _ string, hs []uint64) ([]
 	return keys, found, nil
 }
 
-func storedEv(hashes []uint64, parent *uint64, toks []uint32, bs int) ingestor.Event {
-	ev := ingestor.Event{Kind: ingestor.BlockStored, BlockHashes: hashes, TokenIDs: toks, BlockSize: bs}
+func storedEv(hashes []uint64, parent *uint64, toks []uint32, bs int) kvevents.Event {
+	ev := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: hashes, TokenIDs: toks, BlockSize: bs}
 	if parent != nil {
 		ev.HasParent, ev.Parent = true, *parent
 	}
@@ -34,7 +36,7 @@ func storedEv(hashes []uint64, parent *uint64, toks []uint32, bs int) ingestor.E
 
 func ptr[T any](v T) *T { return &v }
 
-func translate(t *testing.T, tr *ingestor.Translator, evs ...ingestor.Event) ([]kvroute.IndexOp, ingestor.TranslateStats) {
+func translate(t *testing.T, tr *ingestor.Translator, evs ...kvevents.Event) ([]kvroute.IndexOp, ingestor.TranslateStats) {
 	t.Helper()
 	ops, st, err := tr.Translate(t.Context(), evs)
 	if err != nil {
@@ -55,13 +57,13 @@ func storeOps(keys []kvroute.BlockKey, hashes []uint64, first kvroute.BlockKey, 
 
 func TestTranslateChain(t *testing.T) {
 	const model = "m"
-	want := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 4, utokens(0, 16), nil)
+	want := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 4, wire.UTokens(0, 16), nil)
 
 	t.Run("across events of one batch", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 0, nil)
 		ops, st := translate(t, tr,
-			storedEv([]uint64{10, 11}, nil, utokens(0, 8), 4),
-			storedEv([]uint64{12, 13}, ptr(uint64(11)), utokens(8, 8), 4))
+			storedEv([]uint64{10, 11}, nil, wire.UTokens(0, 8), 4),
+			storedEv([]uint64{12, 13}, ptr(uint64(11)), wire.UTokens(8, 8), 4))
 		if got := storeOps(want, []uint64{10, 11, 12, 13}, kvroute.NoParent, kvroute.TierGPU); !reflect.DeepEqual(ops, got) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, got)
 		}
@@ -73,8 +75,8 @@ func TestTranslateChain(t *testing.T) {
 	t.Run("across batches, parent from the cache", func(t *testing.T) {
 		lk := &fakeLookup{}
 		tr := ingestor.NewTranslator(model, "r1", 0, lk)
-		translate(t, tr, storedEv([]uint64{10, 11}, nil, utokens(0, 8), 4))
-		ops, _ := translate(t, tr, storedEv([]uint64{12}, ptr(uint64(11)), utokens(8, 4), 4))
+		translate(t, tr, storedEv([]uint64{10, 11}, nil, wire.UTokens(0, 8), 4))
+		ops, _ := translate(t, tr, storedEv([]uint64{12}, ptr(uint64(11)), wire.UTokens(8, 4), 4))
 		if len(ops) != 1 || ops[0].Key != want[2] || ops[0].Parent != want[1] {
 			t.Errorf("ops: %+v, want key %v parent %v", ops, want[2], want[1])
 		}
@@ -87,8 +89,8 @@ func TestTranslateChain(t *testing.T) {
 		lk := &fakeLookup{keys: map[uint64]kvroute.BlockKey{11: want[1]}}
 		tr := ingestor.NewTranslator(model, "r1", 0, lk)
 		ops, _ := translate(t, tr,
-			storedEv([]uint64{12}, ptr(uint64(11)), utokens(8, 4), 4),
-			storedEv([]uint64{13}, ptr(uint64(12)), utokens(12, 4), 4))
+			storedEv([]uint64{12}, ptr(uint64(11)), wire.UTokens(8, 4), 4),
+			storedEv([]uint64{13}, ptr(uint64(12)), wire.UTokens(12, 4), 4))
 		if got := storeOps(want[2:], []uint64{12, 13}, want[1], kvroute.TierGPU); !reflect.DeepEqual(ops, got) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, got)
 		}
@@ -101,9 +103,9 @@ func TestTranslateChain(t *testing.T) {
 		lk := &fakeLookup{}
 		tr := ingestor.NewTranslator(model, "r1", 0, lk)
 		ops, st := translate(t, tr,
-			storedEv([]uint64{12}, ptr(uint64(99)), utokens(8, 4), 4),
-			storedEv([]uint64{13}, ptr(uint64(12)), utokens(12, 4), 4),
-			storedEv([]uint64{10}, nil, utokens(0, 4), 4))
+			storedEv([]uint64{12}, ptr(uint64(99)), wire.UTokens(8, 4), 4),
+			storedEv([]uint64{13}, ptr(uint64(12)), wire.UTokens(12, 4), 4),
+			storedEv([]uint64{10}, nil, wire.UTokens(0, 4), 4))
 		if len(ops) != 1 || ops[0].EngineHash != 10 {
 			t.Errorf("ops: got %+v, want only hash 10", ops)
 		}
@@ -114,8 +116,8 @@ func TestTranslateChain(t *testing.T) {
 
 	t.Run("block size is read from the event", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 0, nil)
-		ops, _ := translate(t, tr, storedEv([]uint64{1, 2}, nil, utokens(0, 64), 32))
-		want := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 32, utokens(0, 64), nil)
+		ops, _ := translate(t, tr, storedEv([]uint64{1, 2}, nil, wire.UTokens(0, 64), 32))
+		want := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 32, wire.UTokens(0, 64), nil)
 		if len(ops) != 2 || ops[0].Key != want[0] || ops[1].Key != want[1] {
 			t.Errorf("ops %+v, want keys %v", ops, want)
 		}
@@ -123,8 +125,8 @@ func TestTranslateChain(t *testing.T) {
 
 	t.Run("seed separates deployments", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 42, nil)
-		ops, _ := translate(t, tr, storedEv([]uint64{1}, nil, utokens(0, 4), 4))
-		want := kvroute.BlockKeys(kvroute.KeySpace{Model: model, Seed: 42}, 4, utokens(0, 4), nil)
+		ops, _ := translate(t, tr, storedEv([]uint64{1}, nil, wire.UTokens(0, 4), 4))
+		want := kvroute.BlockKeys(kvroute.KeySpace{Model: model, Seed: 42}, 4, wire.UTokens(0, 4), nil)
 		if ops[0].Key != want[0] {
 			t.Errorf("key %v, want %v", ops[0].Key, want[0])
 		}
@@ -133,12 +135,12 @@ func TestTranslateChain(t *testing.T) {
 
 func TestTranslateOpsKinds(t *testing.T) {
 	const model = "m"
-	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 4, utokens(0, 12), nil)
+	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, 4, wire.UTokens(0, 12), nil)
 
 	t.Run("offload events resolve through known hashes", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 0, &fakeLookup{})
-		translate(t, tr, storedEv([]uint64{10, 11, 12}, nil, utokens(0, 12), 4))
-		off := ingestor.Event{Kind: ingestor.BlockStored, BlockHashes: []uint64{11, 12, 77}, TokenIDs: []uint32{}, Medium: "CPU"}
+		translate(t, tr, storedEv([]uint64{10, 11, 12}, nil, wire.UTokens(0, 12), 4))
+		off := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: []uint64{11, 12, 77}, TokenIDs: []uint32{}, Medium: "CPU"}
 		ops, st := translate(t, tr, off)
 		want := []kvroute.IndexOp{
 			{Kind: kvroute.OpStore, EngineHash: 11, Key: keys[1], Parent: keys[0], Tier: kvroute.TierHost},
@@ -156,7 +158,7 @@ func TestTranslateOpsKinds(t *testing.T) {
 		lk := &fakeLookup{keys: map[uint64]kvroute.BlockKey{10: keys[0], 11: keys[1], 12: keys[2]}}
 		tr := ingestor.NewTranslator(model, "r1", 0, lk)
 		p := uint64(10)
-		off := ingestor.Event{Kind: ingestor.BlockStored, BlockHashes: []uint64{11, 12}, HasParent: true, Parent: p, Medium: "CPU"}
+		off := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: []uint64{11, 12}, HasParent: true, Parent: p, Medium: "CPU"}
 		ops, _ := translate(t, tr, off)
 		want := []kvroute.IndexOp{
 			{Kind: kvroute.OpStore, EngineHash: 11, Key: keys[1], Parent: keys[0], Tier: kvroute.TierHost},
@@ -170,11 +172,11 @@ func TestTranslateOpsKinds(t *testing.T) {
 	t.Run("removal and clear", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 0, &fakeLookup{})
 		ops, st := translate(t, tr,
-			storedEv([]uint64{10}, nil, utokens(0, 4), 4),
-			ingestor.Event{Kind: ingestor.BlockRemoved, BlockHashes: []uint64{10, 99}},
-			ingestor.Event{Kind: ingestor.BlockRemoved, BlockHashes: []uint64{10}, Medium: "CPU"},
-			ingestor.Event{Kind: ingestor.AllBlocksCleared},
-			storedEv([]uint64{11}, ptr(uint64(10)), utokens(4, 4), 4))
+			storedEv([]uint64{10}, nil, wire.UTokens(0, 4), 4),
+			kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{10, 99}},
+			kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{10}, Medium: "CPU"},
+			kvevents.Event{Kind: kvevents.AllBlocksCleared},
+			storedEv([]uint64{11}, ptr(uint64(10)), wire.UTokens(4, 4), 4))
 		want := []kvroute.IndexOp{
 			{Kind: kvroute.OpStore, EngineHash: 10, Key: keys[0], Parent: kvroute.NoParent},
 			{Kind: kvroute.OpRemove, EngineHash: 10},
@@ -192,16 +194,16 @@ func TestTranslateOpsKinds(t *testing.T) {
 
 	t.Run("hybrid model: only the full-attention group", func(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r1", 0, nil)
-		full := storedEv([]uint64{10}, nil, utokens(0, 4), 4)
+		full := storedEv([]uint64{10}, nil, wire.UTokens(0, 4), 4)
 		full.HasGroup, full.GroupIdx, full.SpecKind = true, 0, "full_attention"
-		swa := storedEv([]uint64{10}, nil, utokens(0, 4), 4)
+		swa := storedEv([]uint64{10}, nil, wire.UTokens(0, 4), 4)
 		swa.HasGroup, swa.GroupIdx, swa.SpecKind = true, 1, "sliding_window"
-		mamba := storedEv([]uint64{20}, nil, utokens(0, 4), 4)
+		mamba := storedEv([]uint64{20}, nil, wire.UTokens(0, 4), 4)
 		mamba.HasGroup, mamba.GroupIdx, mamba.SpecKind = true, 2, "mamba"
 		ops, st := translate(t, tr, full, swa, mamba,
-			ingestor.Event{Kind: ingestor.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 1},
-			ingestor.Event{Kind: ingestor.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 3},
-			ingestor.Event{Kind: ingestor.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 0})
+			kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 1},
+			kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 3},
+			kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{10}, HasGroup: true, GroupIdx: 0})
 		want := []kvroute.IndexOp{
 			{Kind: kvroute.OpStore, EngineHash: 10, Key: keys[0]},
 			{Kind: kvroute.OpRemove, EngineHash: 10},
@@ -220,30 +222,30 @@ func TestTranslateOpsKinds(t *testing.T) {
 // and cache salt; otherwise no request would ever hit the index.
 func TestTranslateMatchesRequests(t *testing.T) {
 	const model, bs = "m", 4
-	toks := utokens(100, 12)
-	s := func(v string) ingestor.ExtraKey { return ingestor.ExtraKey{Kind: ingestor.ExtraString, Str: v} }
+	toks := wire.UTokens(100, 12)
+	s := func(v string) kvevents.ExtraKey { return kvevents.ExtraKey{Kind: kvevents.ExtraString, Str: v} }
 	tests := []struct {
 		name      string
 		lora      string
 		loraID    *int64
-		extras    [][]ingestor.ExtraKey
+		extras    [][]kvevents.ExtraKey
 		reqLoRA   string
 		reqSalt   string
 		wantEqual bool
 	}{
 		{name: "plain", wantEqual: true},
-		{name: "extra_keys all nil", extras: [][]ingestor.ExtraKey{nil, nil, nil}, wantEqual: true},
-		{name: "salt on block 0", extras: [][]ingestor.ExtraKey{{s("s1")}, nil, nil}, reqSalt: "s1", wantEqual: true},
-		{name: "hex-looking salt", extras: [][]ingestor.ExtraKey{{s("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")}},
+		{name: "extra_keys all nil", extras: [][]kvevents.ExtraKey{nil, nil, nil}, wantEqual: true},
+		{name: "salt on block 0", extras: [][]kvevents.ExtraKey{{s("s1")}, nil, nil}, reqSalt: "s1", wantEqual: true},
+		{name: "hex-looking salt", extras: [][]kvevents.ExtraKey{{s("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")}},
 			reqSalt: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", wantEqual: true},
-		{name: "salt differs", extras: [][]ingestor.ExtraKey{{s("s1")}}, reqSalt: "s2"},
-		{name: "salt missing from request", extras: [][]ingestor.ExtraKey{{s("s1")}}},
-		{name: "lora name on every block", lora: "ad1", extras: [][]ingestor.ExtraKey{{s("ad1")}, {s("ad1")}, {s("ad1")}}, reqLoRA: "ad1", wantEqual: true},
-		{name: "lora and salt", lora: "ad1", extras: [][]ingestor.ExtraKey{{s("ad1"), s("s1")}, {s("ad1")}, {s("ad1")}}, reqLoRA: "ad1", reqSalt: "s1", wantEqual: true},
+		{name: "salt differs", extras: [][]kvevents.ExtraKey{{s("s1")}}, reqSalt: "s2"},
+		{name: "salt missing from request", extras: [][]kvevents.ExtraKey{{s("s1")}}},
+		{name: "lora name on every block", lora: "ad1", extras: [][]kvevents.ExtraKey{{s("ad1")}, {s("ad1")}, {s("ad1")}}, reqLoRA: "ad1", wantEqual: true},
+		{name: "lora and salt", lora: "ad1", extras: [][]kvevents.ExtraKey{{s("ad1"), s("s1")}, {s("ad1")}, {s("ad1")}}, reqLoRA: "ad1", reqSalt: "s1", wantEqual: true},
 		{name: "lora without extra_keys (older versions)", lora: "ad1", reqLoRA: "ad1", wantEqual: true},
-		{name: "lora vs base model", lora: "ad1", extras: [][]ingestor.ExtraKey{{s("ad1")}}},
-		{name: "lora_id only never matches the base model", loraID: ptr(int64(3)), extras: [][]ingestor.ExtraKey{{{Kind: ingestor.ExtraInt, Int: 3}}}},
-		{name: "multimodal pair is not a salt", extras: [][]ingestor.ExtraKey{{{Kind: ingestor.ExtraPair, Str: "img", Int: 0}}}},
+		{name: "lora vs base model", lora: "ad1", extras: [][]kvevents.ExtraKey{{s("ad1")}}},
+		{name: "lora_id only never matches the base model", loraID: ptr(int64(3)), extras: [][]kvevents.ExtraKey{{{Kind: kvevents.ExtraInt, Int: 3}}}},
+		{name: "multimodal pair is not a salt", extras: [][]kvevents.ExtraKey{{{Kind: kvevents.ExtraPair, Str: "img", Int: 0}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -268,7 +270,7 @@ func TestTranslateMatchesRequests(t *testing.T) {
 		tr := ingestor.NewTranslator(model, "r", 0, nil)
 		translate(t, tr, storedEv([]uint64{1}, nil, toks[:4], bs))
 		ev := storedEv([]uint64{2}, ptr(uint64(1)), toks[4:8], bs)
-		ev.ExtraKeys = [][]ingestor.ExtraKey{{s("mm")}}
+		ev.ExtraKeys = [][]kvevents.ExtraKey{{s("mm")}}
 		ops, _ := translate(t, tr, ev)
 		x := ingestor.BlockExtras(&ev)
 		if x[0].Salt != "" || len(x[0].MM) != 1 || x[0].MM[0].ID != "mm" {
