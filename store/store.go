@@ -72,6 +72,8 @@ type Store struct {
 	now       func() time.Time
 	log       *slog.Logger
 	approxTTL time.Duration
+	// stop shuts the embedded server down (OpenEmbedded); nil otherwise.
+	stop func()
 	// slots caches each (model, replica)'s slot, "model\x00replica" -> int,
 	// as apply.lua reported it; applyfast.lua verifies it on every use.
 	slots sync.Map
@@ -92,24 +94,15 @@ func New(c redis.UniversalClient, opt Options) *Store {
 	return s
 }
 
-// Open connects to the Redis server at url (redis:// or rediss://) and
-// checks that it answers, so that a bad address fails at startup rather
-// than on the first request.
-func Open(ctx context.Context, url string, opt Options) (*Store, error) {
-	o, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("store: open: %w", err)
+// Close closes the Redis client, and stops the embedded server when the
+// Store runs one (OpenEmbedded).
+func (s *Store) Close() error {
+	err := s.c.Close()
+	if s.stop != nil {
+		s.stop()
 	}
-	s := New(redis.NewClient(o), opt)
-	if err := s.c.Ping(ctx).Err(); err != nil {
-		_ = s.Close()
-		return nil, wrap("open "+o.Addr, err)
-	}
-	return s, nil
+	return err
 }
-
-// Close closes the Redis client.
-func (s *Store) Close() error { return s.c.Close() }
 
 // Ping checks that Redis answers.
 func (s *Store) Ping(ctx context.Context) error {

@@ -6,17 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/kvroute/kvroute/ingestor"
-	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/internal/app"
 )
 
 // ingestConfig is everything `kvroute ingest` is configured with.
@@ -68,7 +62,8 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 }
 
 // runIngest is `kvroute ingest`: the long-running process that writes the
-// index. It only wires: store, ingestor, a metrics endpoint.
+// index. It only parses; internal/app wires the store, the ingestor and a
+// metrics endpoint.
 func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	c, err := parseIngest(args, os.Getenv, stderr)
 	if err != nil {
@@ -81,35 +76,5 @@ func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	st, err := store.Open(ctx, c.redisURL, store.Options{Logger: log})
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	c.ing.Store, c.ing.Registerer, c.ing.Logger = st, reg, log
-	in, err := ingestor.New(c.ing)
-	if err != nil {
-		return err
-	}
-
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{"status":"ok"}`) })
-	ln, err := net.Listen("tcp", c.metricsListen)
-	if err != nil {
-		return fmt.Errorf("metrics listen: %w", err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-
-	log.Info("ingesting", "owner", c.ing.Owner, "metrics", ln.Addr().String(), "bind", c.ing.Bind)
-	return in.Run(ctx)
+	return app.RunIngest(ctx, app.IngestConfig{RedisURL: c.redisURL, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
 }

@@ -1,8 +1,11 @@
-// Package app builds a `kvroute serve` process from its configuration: the
-// store (real Redis, or an embedded miniredis), the router, the HTTP API and
-// the HTTP server, and runs them as one start/stop pair. It lives apart from
-// cmd/kvroute so that end-to-end tests run exactly the wiring production
-// runs, in-process.
+// Package app builds kvroute's processes from their configuration and runs
+// each the way Prometheus's main does: every component is an
+// execute/interrupt pair in one run group, and the first one to return
+// stops them all. `kvroute serve` is the store (real Redis, or an embedded
+// one), the router, the HTTP API and server, and companion tasks (the
+// embedded ingestor, demo replicas); `kvroute ingest` is the store, the
+// ingestor and its metrics server. It lives apart from cmd/kvroute so that
+// end-to-end tests run exactly the wiring production runs, in-process.
 package app
 
 import (
@@ -13,15 +16,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
+	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
@@ -49,18 +51,27 @@ type Config struct {
 	// ShutdownTimeout bounds the graceful drain of in-flight requests
 	// (proxied streams included) on Stop; default 10s.
 	ShutdownTimeout time.Duration
-	Logger          *slog.Logger
+	// Logger receives every component's logs; nil discards them.
+	Logger *slog.Logger
 	// Tasks run alongside the server, from Start until Stop, over the same
-	// store. This is where companions such as the embedded ingestor (in
-	// the no-Redis mode) or demo replicas are plugged in; a task's error
-	// is logged and does not stop the server.
+	// store: the embedded ingestor (in the no-Redis mode), demo replicas.
+	// Routing depends on them, so a task that ends before Stop, with an
+	// error or without, makes /readyz fail at once and stops the process
+	// FailDelay later, with an error.
 	Tasks []Task
+	// FailDelay is how long a pod whose task died keeps answering (with
+	// /readyz failing) before it exits, so that a load balancer takes it
+	// out of rotation first; zero means 2 s.
+	FailDelay time.Duration
 }
 
-// Task is a companion of the server (the embedded ingestor, demo
-// replicas); it gets the built App to share its store and metrics
-// registry, and must return when ctx is done.
-type Task func(ctx context.Context, a *App) error
+// Task is a companion of the server. Run gets the built App to share its
+// store and metrics registry, and must return when ctx is done.
+type Task struct {
+	// Name identifies the task in logs and in /readyz.
+	Name string
+	Run  func(ctx context.Context, a *App) error
+}
 
 // App is a built serve process. New builds it, Start serves, Stop drains.
 type App struct {
@@ -73,12 +84,17 @@ type App struct {
 	Registry *prometheus.Registry
 	API      *api.Server
 
-	mini   *miniredis.Miniredis
-	srv    *http.Server
-	ln     net.Listener
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	served chan error
+	srv      *http.Server
+	ln       net.Listener
+	stop     chan struct{}
+	stopOnce sync.Once
+	// done is closed when the run group has ended, with runErr its result.
+	done   chan struct{}
+	runErr error
+	// drainErr is the HTTP server's graceful shutdown result.
+	drainErr error
+	// failed holds the first task failure; /readyz reports it.
+	failed atomic.Pointer[error]
 }
 
 // New builds every component and loads the replicas file, but does not
@@ -91,29 +107,26 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
-	a := &App{cfg: cfg, log: cfg.Logger}
+	if cfg.FailDelay <= 0 {
+		cfg.FailDelay = 2 * time.Second
+	}
+	a := &App{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}
 	defer func() {
-		if err != nil {
-			a.closeStore()
+		if err != nil && a.Store != nil {
+			_ = a.Store.Close()
 		}
 	}()
 
-	url := cfg.RedisURL
-	if url == "" {
-		if a.mini, err = miniredis.Run(); err != nil {
-			return nil, fmt.Errorf("embedded redis: %w", err)
+	sopt := store.Options{Logger: a.log}
+	if cfg.RedisURL == "" {
+		var addr string
+		if a.Store, addr, err = store.OpenEmbedded(ctx, sopt); err != nil {
+			return nil, err
 		}
-		url = "redis://" + a.mini.Addr()
 		a.log.Warn("no Redis URL given: running on an embedded in-memory Redis (miniredis); state is lost on exit and not shared with other pods",
-			"addr", a.mini.Addr())
-	}
-	ropt, err := redisOptions(url)
-	if err != nil {
+			"addr", addr)
+	} else if a.Store, err = store.Open(ctx, cfg.RedisURL, sopt); err != nil {
 		return nil, err
-	}
-	a.Store = store.New(redis.NewClient(ropt), store.Options{Logger: a.log})
-	if err := a.Store.Ping(ctx); err != nil {
-		return nil, fmt.Errorf("redis %s: %w", ropt.Addr, err)
 	}
 	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log}); err != nil {
 		return nil, err
@@ -136,7 +149,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	a.API, err = api.New(api.Config{
 		Router:       a.Router,
 		Registry:     a.Store,
-		Ready:        a.Store.Ping,
+		Ready:        a.ready,
 		Logger:       a.log,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		MaxTokens:    cfg.MaxTokens,
@@ -158,49 +171,75 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	return a, nil
 }
 
-// Start listens and serves in the background, and starts the tasks.
+// ready is /readyz: every task routing depends on is alive, and the store
+// answers.
+func (a *App) ready(ctx context.Context) error {
+	if err := a.failed.Load(); err != nil {
+		return *err
+	}
+	return a.Store.Ping(ctx)
+}
+
+// Start listens, then runs the server and the tasks as one run group in
+// the background; Served reports when the group ends.
 func (a *App) Start() error {
 	ln, err := net.Listen("tcp", a.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	a.ln = ln
-	ctx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
-	if a.mini != nil {
-		a.goTick(ctx)
-	}
+	var g run.Group
+	g.Add(func() error {
+		<-a.stop
+		return nil
+	}, func(error) { a.interrupt() })
+	g.Add(func() error {
+		if err := a.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	}, func(error) {
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
+		defer cancel()
+		if err := a.srv.Shutdown(ctx); err != nil {
+			a.drainErr = errors.Join(fmt.Errorf("shutdown: %w", err), a.srv.Close())
+		}
+	})
 	for _, t := range a.cfg.Tasks {
-		a.wg.Go(func() {
-			if err := t(ctx, a); err != nil && ctx.Err() == nil {
-				a.log.Error("background task failed", "err", err)
-			}
-		})
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return a.runTask(ctx, t) }, func(error) { cancel() })
 	}
-	a.served = make(chan error, 1)
-	go func() { a.served <- a.srv.Serve(ln) }()
+	a.done = make(chan struct{})
+	go func() {
+		a.runErr = g.Run()
+		close(a.done)
+	}()
 	a.log.Info("serving", "addr", ln.Addr().String(), "policy", a.cfg.Router.Scoring.Policy, "block_size", a.cfg.Router.BlockSize)
 	return nil
 }
 
-// goTick advances the embedded Redis's clock: miniredis only expires keys
-// (approximate entries) when told that time has passed.
-func (a *App) goTick(ctx context.Context) {
-	a.wg.Go(func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		last := time.Now()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case now := <-t.C:
-				a.mini.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	})
+// runTask runs one task. Ending before Stop is a failure whatever the
+// task returned: readiness fails at once, and after FailDelay (so that
+// load balancers stop sending first) the error stops the group.
+func (a *App) runTask(ctx context.Context, t Task) error {
+	err := t.Run(ctx, a)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("ended")
+	}
+	err = fmt.Errorf("task %s: %w", t.Name, err)
+	a.failed.CompareAndSwap(nil, &err)
+	a.log.Error("a task routing depends on died: failing readiness, then stopping", "task", t.Name, "err", err, "in", a.cfg.FailDelay)
+	select {
+	case <-time.After(a.cfg.FailDelay):
+	case <-ctx.Done():
+	}
+	return err
 }
+
+func (a *App) interrupt() { a.stopOnce.Do(func() { close(a.stop) }) }
 
 // Addr is the address the server listens on, once started.
 func (a *App) Addr() string {
@@ -210,39 +249,31 @@ func (a *App) Addr() string {
 	return a.ln.Addr().String()
 }
 
-// Served reports the server's exit: an error if it stopped on its own.
-func (a *App) Served() <-chan error { return a.served }
+// Done is closed when the process's run group has ended: after Stop, or
+// when a component failed (Err says which).
+func (a *App) Done() <-chan struct{} { return a.done }
+
+// Err is the error of the component that ended the run group, nil after a
+// clean Stop; it is meaningful once Done is closed.
+func (a *App) Err() error { return a.runErr }
 
 // Stop drains in-flight requests for up to ShutdownTimeout, stops the
 // tasks and closes the store. It is safe to call on an App never started.
 func (a *App) Stop() error {
 	var err error
-	if a.ln != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownTimeout)
-		err = a.srv.Shutdown(ctx)
-		cancel()
-		if err != nil {
-			err = errors.Join(fmt.Errorf("shutdown: %w", err), a.srv.Close())
-		}
+	if a.done != nil {
+		a.interrupt()
+		<-a.done
+		err = a.runErr
 	}
-	if a.cancel != nil {
-		a.cancel()
-	}
-	a.wg.Wait()
-	a.closeStore()
-	return err
-}
-
-func (a *App) closeStore() {
 	if a.Store != nil {
 		_ = a.Store.Close()
 	}
-	if a.mini != nil {
-		a.mini.Close()
-	}
+	return errors.Join(err, a.drainErr)
 }
 
-// Run serves until ctx is done (or the server fails), then stops.
+// Run serves until ctx is done or a component fails, then stops. It
+// returns nil after a clean shutdown, else the failure.
 func Run(ctx context.Context, cfg Config) error {
 	a, err := New(ctx, cfg)
 	if err != nil {
@@ -252,56 +283,12 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = a.Stop()
 		return err
 	}
-	var served error
 	select {
 	case <-ctx.Done():
 		a.log.Info("shutting down", "timeout", a.cfg.ShutdownTimeout)
-	case served = <-a.served:
+	case <-a.done:
 	}
-	stopErr := a.Stop()
-	if served != nil && !errors.Is(served, http.ErrServerClosed) {
-		return errors.Join(fmt.Errorf("serve: %w", served), stopErr)
-	}
-	return stopErr
-}
-
-// redisOptions parses a Redis URL for a scoring pod. Decisions sit on the
-// request path, so unless the URL says otherwise a dead server is noticed
-// in milliseconds (go-redis's own defaults are a 5 s dial, 3 s reads,
-// 3 command retries and 5 dial retries: about 2 s per decision) and the
-// router falls back to degraded mode.
-func redisOptions(raw string) (*redis.Options, error) {
-	o, err := redis.ParseURL(raw)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
-	}
-	q := u.Query()
-	if !q.Has("dial_timeout") {
-		o.DialTimeout = 300 * time.Millisecond
-	}
-	if !q.Has("read_timeout") {
-		o.ReadTimeout = 500 * time.Millisecond
-	}
-	if !q.Has("write_timeout") {
-		o.WriteTimeout = 500 * time.Millisecond
-	}
-	if !q.Has("max_retries") {
-		// One retry rescues a pooled connection a Redis restart killed;
-		// more only delay the fall-back.
-		o.MaxRetries = 1
-	}
-	if !q.Has("max_retry_backoff") {
-		o.MaxRetryBackoff = 20 * time.Millisecond
-	}
-	// go-redis also retries a refused dial five times 100 ms apart, on
-	// every command: 0.8 s per decision during an outage.
-	o.DialerRetries = 1
-	o.DialerRetryTimeout = 10 * time.Millisecond
-	return o, nil
+	return a.Stop()
 }
 
 // LoadReplicasFile reads a JSON array of replicas and validates each, so

@@ -3,6 +3,7 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -248,8 +249,9 @@ func TestRun(t *testing.T) {
 	})
 	t.Run("task runs from start to stop", func(t *testing.T) {
 		started, stopped := make(chan struct{}), make(chan struct{})
-		a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", Router: router.DefaultConfig(), Tasks: []app.Task{
-			func(ctx context.Context, a *app.App) error {
+		a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", Router: router.DefaultConfig(), Tasks: []app.Task{{
+			Name: "probe",
+			Run: func(ctx context.Context, a *app.App) error {
 				if a.Store == nil {
 					t.Error("task got no store")
 				}
@@ -258,7 +260,7 @@ func TestRun(t *testing.T) {
 				close(stopped)
 				return nil
 			},
-		}})
+		}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,6 +277,72 @@ func TestRun(t *testing.T) {
 			t.Error("Stop returned before the task ended")
 		}
 	})
+}
+
+// TestDyingTaskStopsTheProcess is the lifecycle's promise: a task routing
+// depends on (here a stand-in for the embedded ingestor) that dies makes
+// /readyz fail while the pod still answers, and then the process stops
+// with the task's error instead of serving a frozen index.
+func TestDyingTaskStopsTheProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"with an error", errors.New("event loop crashed")},
+		{"without one", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			die := make(chan struct{})
+			a, err := app.New(context.Background(), app.Config{
+				Listen: "127.0.0.1:0", Router: router.DefaultConfig(), FailDelay: 500 * time.Millisecond,
+				Tasks: []app.Task{{Name: "ingestor", Run: func(ctx context.Context, _ *app.App) error {
+					select {
+					case <-die:
+						return tc.err
+					case <-ctx.Done():
+						return nil
+					}
+				}}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer a.Stop()
+			base := "http://" + a.Addr()
+			if status, body := call(t, http.MethodGet, base+"/readyz", ""); status != http.StatusOK {
+				t.Fatalf("readyz before = %d %s, want 200", status, body)
+			}
+			close(die)
+			deadline := time.Now().Add(400 * time.Millisecond)
+			for {
+				status, body := call(t, http.MethodGet, base+"/readyz", "")
+				if status == http.StatusServiceUnavailable {
+					if !strings.Contains(body, "ingestor") {
+						t.Errorf("readyz body = %s, want it to name the task", body)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("readyz = %d %s after the task died, want 503", status, body)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			select {
+			case <-a.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the process did not stop after its task died")
+			}
+			if err := a.Err(); err == nil || !strings.Contains(err.Error(), "task ingestor") {
+				t.Errorf("Err = %v, want the task's failure", err)
+			}
+			if err := a.Stop(); err == nil {
+				t.Error("Stop = nil after a task died, want the failure (a non-zero exit)")
+			}
+		})
+	}
 }
 
 // TestProxyThroughSimReplica sends an OpenAI streaming request through

@@ -16,7 +16,7 @@ import (
 // where one process both serves decisions and follows the replicas'
 // events. Its metrics join the app's /metrics.
 func Ingest(cfg ingestor.Config) Task {
-	return func(ctx context.Context, a *App) error {
+	return Task{Name: "ingestor", Run: func(ctx context.Context, a *App) error {
 		cfg.Store = a.Store
 		cfg.Registerer = a.Registry
 		if cfg.Logger == nil {
@@ -30,7 +30,7 @@ func Ingest(cfg ingestor.Config) Task {
 			return fmt.Errorf("ingest: %w", err)
 		}
 		return in.Run(ctx)
-	}
+	}}
 }
 
 // DemoModel is the model the demo replicas serve.
@@ -41,7 +41,7 @@ const DemoModel = "demo"
 // follows them) and prints a request a newcomer can paste. They stop with
 // the app.
 func DemoReplicas(n int, out io.Writer) Task {
-	return func(ctx context.Context, a *App) error {
+	return Task{Name: "demo-replicas", Run: func(ctx context.Context, a *App) error {
 		var reps []*vllmtest.Replica
 		defer func() {
 			for _, r := range reps {
@@ -87,5 +87,5 @@ it routes back there with matched_blocks 2.
 `, n, DemoModel, port, port, port)
 		<-ctx.Done()
 		return nil
-	}
+	}}
 }

@@ -1,0 +1,115 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/store"
+)
+
+// IngestConfig is everything `kvroute ingest` is configured with.
+type IngestConfig struct {
+	// RedisURL is the shared index; required (an ingestor alone over an
+	// embedded Redis would write an index nobody reads).
+	RedisURL string
+	// MetricsListen is the address of /metrics and /healthz; port 0 picks
+	// a free port.
+	MetricsListen string
+	// Ingestor is the ingestor's configuration; its Store, Registerer
+	// and (when nil) Logger are filled here.
+	Ingestor ingestor.Config
+	// Logger receives every component's logs; nil discards them.
+	Logger *slog.Logger
+	// Listening, when not nil, is told the metrics server's address once
+	// it listens (tests use it to find a port-0 server).
+	Listening func(addr string)
+}
+
+// RunIngest is `kvroute ingest`: the store, the ingestor and its metrics
+// server in one run group. It returns when ctx is done (nil) or when a
+// component fails (its error): an ingestor whose metrics server cannot
+// serve, or whose event loop died, must not linger as if it worked.
+func RunIngest(ctx context.Context, c IngestConfig) error {
+	if c.RedisURL == "" {
+		return errors.New("ingest: a Redis URL is required: an ingestor writes the shared index")
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	st, err := store.Open(ctx, c.RedisURL, store.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ic := c.Ingestor
+	ic.Store, ic.Registerer = st, reg
+	if ic.Logger == nil {
+		ic.Logger = log
+	}
+	in, err := ingestor.New(ic)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{"status":"ok"}`) })
+	ln, err := net.Listen("tcp", c.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("metrics listen: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	if c.Listening != nil {
+		c.Listening(ln.Addr().String())
+	}
+
+	var g run.Group
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			<-ctx.Done()
+			return nil
+		}, func(error) { cancel() })
+	}
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			err := in.Run(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err == nil {
+				err = errors.New("ended")
+			}
+			return fmt.Errorf("ingestor: %w", err)
+		}, func(error) { cancel() })
+	}
+	g.Add(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("metrics server: %w", err)
+		}
+		return nil
+	}, func(error) {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	log.Info("ingesting", "owner", ic.Owner, "metrics", ln.Addr().String(), "bind", ic.Bind)
+	return g.Run()
+}
