@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net/http"
 	"time"
@@ -56,27 +57,30 @@ type Config struct {
 	Registry Registry
 	// Ready reports whether the pod can serve (typically: the store
 	// answers). Nil means always ready.
-	Ready  func(ctx context.Context) error
+	Ready func(ctx context.Context) error
+	// Logger receives request errors and the proxy's copy errors; nil
+	// discards them.
 	Logger *slog.Logger
 	// MaxBodyBytes bounds every request body; larger bodies get 413.
+	// Zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
 	// MaxTokens bounds the token ids of one request, which bounds the
-	// work one decision can cost the store.
+	// work one decision can cost the store. Zero means DefaultMaxTokens.
 	MaxTokens int
 	// Timeout is the deadline of every non-proxy request (decisions,
 	// progress reports, admin) and of the decision step of a proxied
 	// request. Proxied responses themselves have no overall deadline: a
-	// long generation is not an error.
+	// long generation is not an error. Zero means DefaultTimeout.
 	Timeout time.Duration
 	// Registerer receives the API's metrics; Gatherer serves /metrics.
 	// When both are nil a private registry is used for both, so that two
 	// Servers in one test binary do not collide.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
-	// ProxyClient's Transport carries proxied requests to replicas
-	// (http.DefaultTransport when nil). Its Timeout is not applied: a
-	// streamed generation may run for minutes.
-	ProxyClient *http.Client
+	// Transport carries proxied requests to replicas, as
+	// httputil.ReverseProxy's does; nil means http.DefaultTransport. No
+	// overall timeout applies: a streamed generation may run for minutes.
+	Transport http.RoundTripper
 }
 
 // Server is the HTTP handler. Build it with New.
@@ -88,6 +92,9 @@ type Server struct {
 	m       *metrics
 	handler http.Handler
 	proxy   http.RoundTripper
+	// proxyLog carries httputil.ReverseProxy's own messages (a stream
+	// cut mid-copy) to slog instead of the standard log package.
+	proxyLog *log.Logger
 }
 
 // New checks cfg, registers the metrics and builds the routes.
@@ -134,9 +141,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: metrics: %w", err)
 	}
-	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: http.DefaultTransport}
-	if cfg.ProxyClient != nil && cfg.ProxyClient.Transport != nil {
-		s.proxy = cfg.ProxyClient.Transport
+	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
+		proxyLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	if s.proxy == nil {
+		s.proxy = http.DefaultTransport
 	}
 	s.handler = s.routes()
 	return s, nil

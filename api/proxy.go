@@ -145,6 +145,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 			pr.SetXForwarded()
 		},
 		Transport: s.proxy,
+		ErrorLog:  s.proxyLog,
 		// Flush every write: token streams (SSE) must reach the client
 		// as the replica produces them.
 		FlushInterval: -1,
