@@ -1,0 +1,21 @@
+package app
+
+import (
+	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/store"
+)
+
+// Every interface a consumer declares is satisfied by what this package
+// wires into it, checked here at compile time so that a changed method
+// breaks the build, not a deployment.
+var (
+	_ router.Index        = (*store.Store)(nil)
+	_ router.Registry     = (*store.Store)(nil)
+	_ api.Registry        = (*store.Store)(nil)
+	_ ingestor.Store      = (*store.Store)(nil)
+	_ ingestor.IndexStore = (*store.Store)(nil)
+	_ ingestor.KeyLookup  = (*store.Store)(nil)
+	_ ingestor.Transport  = ingestor.ZMQ{}
+)
