@@ -15,8 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -483,5 +481,3 @@ func (in *Ingestor) sweep(ctx context.Context) {
 		in.m.swept.Add(float64(n))
 	}
 }
-
-var discardLog = log.New(io.Discard, "", 0)

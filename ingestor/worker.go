@@ -2,128 +2,14 @@ package ingestor
 
 import (
 	"context"
-	"encoding/binary"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor/kvevents"
 )
-
-// Stream is an open subscription. Recv blocks until a message arrives or
-// the stream is closed; Close unblocks it.
-type Stream interface {
-	Recv() ([][]byte, error)
-	Close() error
-}
-
-// Transport opens the ZeroMQ sockets the ingestor uses. ZMQ is the default;
-// tests may substitute fakes.
-type Transport interface {
-	// Subscribe dials a replica's PUB endpoint with a SUB socket filtered on
-	// topic.
-	Subscribe(ctx context.Context, endpoint, topic string) (Stream, error)
-	// Listen binds one SUB socket that replicas connect their PUB to; it
-	// receives every topic.
-	Listen(ctx context.Context, endpoint string) (Stream, error)
-	// Replay asks a replica's ROUTER for every buffered batch from seq on.
-	// No reply within timeout (a bad request gets none) is an error.
-	Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(kvevents.Batch) error) error
-}
-
-// ZMQ is the Transport over github.com/go-zeromq/zmq4.
-type ZMQ struct{}
-
-type zstream struct{ s zmq4.Socket }
-
-func (z zstream) Recv() ([][]byte, error) {
-	m, err := z.s.Recv()
-	if err != nil {
-		return nil, err
-	}
-	return m.Frames, nil
-}
-
-func (z zstream) Close() error { return z.s.Close() }
-
-// Subscribe implements Transport. The dial is tried once: the caller owns
-// the retry policy (jittered backoff), so that a dead replica costs nothing
-// but its timer.
-func (ZMQ) Subscribe(ctx context.Context, endpoint, topic string) (Stream, error) {
-	s := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(5*time.Second), zmq4.WithLogger(discardLog))
-	if err := s.SetOption(zmq4.OptionSubscribe, topic); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("subscribe: %w", err)
-	}
-	if err := s.Dial(endpoint); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("dial %s: %w", endpoint, err)
-	}
-	return zstream{s}, nil
-}
-
-// Listen implements Transport.
-func (ZMQ) Listen(ctx context.Context, endpoint string) (Stream, error) {
-	s := zmq4.NewSub(ctx, zmq4.WithLogger(discardLog))
-	if err := s.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("subscribe: %w", err)
-	}
-	if err := s.Listen(endpoint); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("listen %s: %w", endpoint, err)
-	}
-	return zstream{s}, nil
-}
-
-// Replay implements Transport with a DEALER socket: it sends ["", seq8] and
-// reads replies until the end marker. A REQ socket would take one reply only.
-func (ZMQ) Replay(ctx context.Context, endpoint string, from uint64, timeout time.Duration, fn func(kvevents.Batch) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout), zmq4.WithTimeout(timeout), zmq4.WithLogger(discardLog))
-	defer d.Close()
-	if err := d.Dial(endpoint); err != nil {
-		return fmt.Errorf("replay dial %s: %w", endpoint, err)
-	}
-	seq := binary.BigEndian.AppendUint64(nil, from)
-	if err := d.Send(zmq4.NewMsgFrom([]byte{}, seq)); err != nil {
-		return fmt.Errorf("replay send: %w", err)
-	}
-	// Recv only returns when the socket's context ends, so a watchdog
-	// cancels it when the replica stays silent for timeout.
-	var timedOut bool
-	var mu sync.Mutex
-	t := time.AfterFunc(timeout, func() { mu.Lock(); timedOut = true; mu.Unlock(); cancel() })
-	defer t.Stop()
-	for {
-		m, err := d.Recv()
-		if err != nil {
-			mu.Lock()
-			to := timedOut
-			mu.Unlock()
-			if to {
-				return fmt.Errorf("replay: no answer within %v", timeout)
-			}
-			return fmt.Errorf("replay recv: %w", err)
-		}
-		t.Reset(timeout)
-		r, err := kvevents.DecodeReplay(m.Frames)
-		if err != nil {
-			return fmt.Errorf("replay: %w", err)
-		}
-		if r.End {
-			return nil
-		}
-		if err := fn(r.Batch); err != nil {
-			return err
-		}
-	}
-}
 
 // feed is one input of a replica's worker: a live message, or the signal
 // that its stream (re)connected and the follower must sync.
@@ -271,7 +157,7 @@ func (w *worker) run(ctx context.Context) {
 			w.log.Debug("event stream silent", "for", w.stallTimeout)
 			// An idle engine publishes nothing, so silence alone is no
 			// fault; but a silent SUB may also be connected to a dead
-			// peer (zmq4 does not reconnect by itself): dial again.
+			// peer (the ZeroMQ library does not reconnect by itself): dial again.
 			if w.dial {
 				select {
 				case w.redial <- struct{}{}:
@@ -446,63 +332,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
-}
-
-// dispatcher is the bind mode: one SUB socket that every replica's PUB
-// connects to. The topic names the replica; the dispatcher hands each
-// message to the worker of the replica this ingestor owns, and drops (and
-// counts) what it cannot place. A dropped batch shows up as a gap and is
-// replayed.
-type dispatcher struct {
-	mu      sync.RWMutex
-	workers map[string]*worker // by topic
-	m       *Metrics
-	log     *slog.Logger
-}
-
-func (d *dispatcher) set(topic string, w *worker) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if w == nil {
-		delete(d.workers, topic)
-		return
-	}
-	d.workers[topic] = w
-}
-
-func (d *dispatcher) run(ctx context.Context, s Stream) error {
-	context.AfterFunc(ctx, func() { s.Close() })
-	for {
-		frames, err := s.Recv()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("bind recv: %w", err)
-		}
-		if len(frames) != 3 {
-			d.m.decodeErrors.WithLabelValues(kvevents.RejectFrames).Inc()
-			continue
-		}
-		d.mu.RLock()
-		w := d.workers[string(frames[0])]
-		d.mu.RUnlock()
-		if w == nil {
-			continue // a replica someone else owns, or unknown
-		}
-		select {
-		case w.in <- feed{frames: frames}:
-		default:
-			d.m.dropped.Inc()
-		}
-	}
-}
-
-// topicOf is the topic a replica publishes under in bind mode: its
-// configured topic, or else its id.
-func topicOf(r kvroute.Replica) string {
-	if r.Topic != "" {
-		return r.Topic
-	}
-	return r.ID
 }
