@@ -2,9 +2,11 @@ package sim_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"flag"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -19,7 +21,8 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-const tracePath = "../../shared/traces/synthetic_trace.jsonl"
+// tracePath is the Mooncake trace shipped in the repository (traces/).
+const tracePath = "../traces/mooncake_synthetic.jsonl.gz"
 
 // headPath is the trace's first 300 requests, kept in the repository so
 // that the determinism golden never depends on a file outside it.
@@ -347,9 +350,8 @@ func TestDecodeSlowdown(t *testing.T) {
 	})
 }
 
-// TestFullTrace replays the whole Mooncake synthetic trace (from
-// ../shared/traces; skipped where it is absent) at 4, 8 and 16 replicas
-// under every policy and checks the default kv weights against the
+// TestFullTrace replays the whole Mooncake synthetic trace (shipped in
+// traces/) at 4, 8 and 16 replicas under every policy and checks the default kv weights against the
 // targets: hit rate >= 0.9x pure affinity's and TTFT p99 <= 1.1x the
 // best, and load CV <= 1.5x least-load's, load being the seed's measure:
 // KV blocks held by decoding requests, CV across replicas in 0.5 s bins.
@@ -397,7 +399,7 @@ func loadTrace(tb testing.TB) sim.Workload {
 	tb.Helper()
 	f, err := os.Open(tracePath)
 	if err != nil {
-		tb.Skip("trace not available:", err)
+		tb.Fatal(err)
 	}
 	defer f.Close()
 	w, err := sim.LoadMooncake(f, sim.MooncakeOptions{})
@@ -425,9 +427,9 @@ func BenchmarkTrace(b *testing.B) {
 // rate), under every policy at 16 replicas: the issue's "12,000-request
 // class of trace".
 func BenchmarkTrace12k(b *testing.B) {
-	raw, err := os.ReadFile(tracePath)
+	raw, err := readTrace(tracePath)
 	if err != nil {
-		b.Skip("trace not available:", err)
+		b.Fatal(err)
 	}
 	type line struct {
 		Timestamp    float64  `json:"timestamp"`
@@ -472,4 +474,18 @@ func BenchmarkTrace12k(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// readTrace is the shipped trace's JSONL text.
+func readTrace(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(zr)
 }

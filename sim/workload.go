@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,12 +67,24 @@ type mooncakeLine struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
-// LoadMooncake reads a Mooncake-format JSONL trace. Each hash_id is used as a
-// block key as is (the trace's ids are already position-unique chained
-// hashes). The trace has no session ids; a request's session is its first
-// hash_id, i.e. requests that share their first block (system prompt plus
-// the start of a conversation) count as one session.
+// LoadMooncake reads a Mooncake-format JSONL trace, gzipped or not (the
+// trace shipped in traces/ is). Each hash_id is used as a block key as is
+// (the trace's ids are already position-unique chained hashes). The trace
+// has no session ids; a request's session is its first hash_id, i.e.
+// requests that share their first block (system prompt plus the start of a
+// conversation) count as one session.
 func LoadMooncake(r io.Reader, opt MooncakeOptions) (Workload, error) {
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return Workload{}, fmt.Errorf("sim: trace: %w", err)
+		}
+		defer zr.Close()
+		r = zr
+	} else {
+		r = br
+	}
 	if opt.BlockTokens == 0 {
 		opt.BlockTokens = 512
 	}
