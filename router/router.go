@@ -131,13 +131,17 @@ type Router struct {
 	downUntil atomic.Int64
 }
 
-// Options are the router's injected dependencies; zero values get defaults.
+// Options are the router's injected dependencies; each nil field gets the
+// default its comment names.
 type Options struct {
-	Now    func() time.Time
+	// Now is the clock leases expire by; nil means time.Now.
+	Now func() time.Time
+	// Logger receives degraded-mode warnings; nil discards them.
 	Logger *slog.Logger
-	// Rand breaks ties and samples power-of-two; seed it in tests.
+	// Rand breaks ties and samples power-of-two; nil means a randomly
+	// seeded source (seed it in tests).
 	Rand *mrand.Rand
-	// NewID mints request ids; random 128-bit hex by default.
+	// NewID mints request ids; nil means random 128-bit hex.
 	NewID func() string
 }
 

@@ -58,11 +58,13 @@ const DefaultApproxTTL = 10 * time.Minute
 
 // Options configures a Store. The zero value is usable.
 type Options struct {
-	// Now is the clock; tests inject their own. Defaults to time.Now.
+	// Now is the clock; tests inject their own. Nil means time.Now.
 	Now func() time.Time
-	// Logger receives operational messages. Defaults to slog.Default().
+	// Logger receives operational messages; nil discards them, as in
+	// every kvroute package.
 	Logger *slog.Logger
-	// ApproxTTL is the lifetime of approximate entries; default DefaultApproxTTL.
+	// ApproxTTL is the lifetime of approximate entries; zero means
+	// DefaultApproxTTL.
 	ApproxTTL time.Duration
 }
 
@@ -86,7 +88,7 @@ func New(c redis.UniversalClient, opt Options) *Store {
 		s.now = time.Now
 	}
 	if s.log == nil {
-		s.log = slog.Default()
+		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.approxTTL <= 0 {
 		s.approxTTL = DefaultApproxTTL
