@@ -28,17 +28,31 @@ type IndexStore interface {
 // returns an error when the replica does not answer in time.
 type ReplayFunc func(ctx context.Context, from uint64, fn func(kvevents.Batch) error) error
 
-// FollowerConfig configures a Follower.
+// FollowerConfig configures a Follower. Replica and Store are required;
+// every other field has a default, given in its comment.
 type FollowerConfig struct {
+	// Replica is the replica whose stream is followed: its model and id
+	// key everything written for it. Required.
 	Replica kvroute.Replica
-	Store   IndexStore
-	// Replay is nil when the replica has no replay endpoint.
+	// Store is where the replica's batches are applied. Required.
+	Store IndexStore
+	// Replay fetches buffered batches to close gaps. Nil means the replica
+	// has no replay endpoint: a gap then clears the replica and rebuilds
+	// it from the live stream.
 	Replay ReplayFunc
-	// Seed is the key-space seed shared with the API.
-	Seed    uint64
+	// Seed is the key-space seed shared with the API, so that event keys
+	// match request keys; zero is what kvroute's commands use unless told
+	// otherwise.
+	Seed uint64
+	// Metrics receives the follower's counters. Nil means a fresh,
+	// unregistered set, for a caller that does not export them.
 	Metrics *Metrics
-	Logger  *slog.Logger
-	Now     func() time.Time
+	// Logger receives operational logs. A nil Logger discards
+	// (slog.New(slog.DiscardHandler)), as in every kvroute package.
+	Logger *slog.Logger
+	// Now is the clock event lag is measured against, so that tests can
+	// fix it. Nil means time.Now.
+	Now func() time.Time
 }
 
 // Follower applies one replica's batches to the store in seq order. It is

@@ -1,10 +1,11 @@
 // Package ingestor keeps kvroute's Redis index in step with what every vLLM
 // replica's KV cache holds. Per replica it subscribes to the engine's
 // ZeroMQ event stream, checks sequence numbers (replaying gaps, rebuilding
-// after restarts), decodes msgpack batches of every known vLLM layout,
-// translates them into index operations keyed the way requests are keyed,
-// and applies each batch as one atomic store call. It also probes health,
-// scrapes load metrics and sweeps expired load leases.
+// after restarts), decodes its msgpack batches (package kvevents, which
+// knows every vLLM layout), translates them into index operations keyed the
+// way requests are keyed, and applies each batch as one atomic store call.
+// It also probes health, scrapes load metrics and sweeps expired load
+// leases.
 //
 // Replicas are shared out between ingestors by ownership leases in the
 // store, so any number of ingestors may run; a crashed one's replicas are
@@ -41,50 +42,74 @@ type Store interface {
 	PurgeReplica(ctx context.Context, model, replica string) error
 }
 
-// Config configures an Ingestor. Only Store and Owner are required.
+// Config configures an Ingestor. Only Store and Owner are required; every
+// other field has a default, given in its comment, that suits production.
 type Config struct {
+	// Store is the state store the index, loads, leases and registry live
+	// in. Required.
 	Store Store
-	// Owner names this ingestor in ownership leases; unique per process.
+	// Owner names this ingestor in ownership leases, so that it must be
+	// unique per process: two ingestors with one name would both believe
+	// they hold a replica. Required.
 	Owner string
-	// LeaseTTL bounds how long a crashed ingestor's replicas go unfollowed
-	// (default 15s); leases are renewed every third of it.
+	// LeaseTTL bounds how long a crashed ingestor's replicas go unfollowed;
+	// leases are renewed every third of it. Zero means 15s.
 	LeaseTTL time.Duration
-	// RegistryInterval is how often the registry version is polled
-	// (default 2s).
+	// RegistryInterval is how often the registry version is polled, which
+	// bounds how long a new replica waits to be followed. Zero means 2s.
 	RegistryInterval time.Duration
-	// HealthInterval is how often owned replicas' /health is probed
-	// (default 5s).
+	// HealthInterval is how often owned replicas' /health is probed, which
+	// bounds how long a dead replica keeps receiving requests. Zero means
+	// 5s.
 	HealthInterval time.Duration
-	// MetricsInterval is how often owned replicas' /metrics is scraped
-	// (default 5s).
+	// MetricsInterval is how often owned replicas' /metrics is scraped for
+	// the load that bypassed the router. Zero means 5s.
 	MetricsInterval time.Duration
-	// SweepInterval is how often expired load leases are released
-	// (default 5s).
+	// SweepInterval is how often expired load leases are released, which
+	// bounds how long a crashed pod's bookings outlive it. Zero means 5s.
 	SweepInterval time.Duration
 	// PurgeGrace is how long a replica must stay unhealthy before its
-	// index entries are purged (default 2m): a blip must not throw its
-	// cache away.
+	// index entries are purged, so that a blip does not throw its cache
+	// away. Zero means 2m.
 	PurgeGrace time.Duration
 	// StallTimeout is how long an event stream may stay silent before it
-	// is flagged and redialled (default 30s).
+	// is flagged and redialled: a silent SUB may be connected to a dead
+	// peer. Zero means 30s.
 	StallTimeout time.Duration
-	// ReplayTimeout bounds the wait for each replay reply (default 3s).
+	// ReplayTimeout bounds the wait for each replay reply, since a replica
+	// answers a bad request with silence. Zero means 3s.
 	ReplayTimeout time.Duration
-	// MinBackoff and MaxBackoff bound redial delays (100ms, 10s).
+	// MinBackoff and MaxBackoff bound the jittered redial delays, so that a
+	// dead replica costs little and one that comes back is found soon.
+	// Zero means 100ms and 10s.
 	MinBackoff, MaxBackoff time.Duration
 	// Bind, when set, is the one endpoint (e.g. "tcp://*:5557") where this
 	// ingestor binds a SUB socket for replicas to connect their PUB to;
-	// the topic then names the replica (Replica.Topic, or its ID). When
-	// empty, the ingestor dials each replica's Events endpoint.
+	// the topic then names the replica (Replica.Topic, or its ID). Empty
+	// means the ingestor dials each replica's Events endpoint.
 	Bind string
-	// Seed is the key-space seed; it must equal the API's.
-	Seed       uint64
-	Logger     *slog.Logger
-	Now        func() time.Time
-	Rand       *rand.Rand
+	// Seed is the key-space seed. It must equal the API's, or no event's
+	// keys would match a request's; zero is what kvroute's commands use
+	// unless told otherwise.
+	Seed uint64
+	// Logger receives operational logs. A nil Logger discards
+	// (slog.New(slog.DiscardHandler)), so that a library user opts in.
+	Logger *slog.Logger
+	// Now is the clock of leases, purge grace and event lag, so that tests
+	// can drive them. Nil means time.Now.
+	Now func() time.Time
+	// Rand jitters redial delays, so that ingestors redialling a replica
+	// that came back do not arrive in lockstep; tests inject a seeded one.
+	// Nil means a generator seeded from the runtime's random source.
+	Rand *rand.Rand
+	// HTTPClient probes /health and scrapes /metrics. Nil means a client
+	// with a 5s timeout; every request is also bounded by its interval.
 	HTTPClient *http.Client
-	Transport  Transport
-	// Registerer receives the ingestor's metrics; nil registers nowhere.
+	// Transport opens the ZeroMQ sockets, so that tests can substitute
+	// fakes. Nil means ZMQ{}.
+	Transport Transport
+	// Registerer receives the ingestor's metrics. Nil registers nowhere:
+	// the metrics still count, for a caller that reads them otherwise.
 	Registerer prometheus.Registerer
 }
 

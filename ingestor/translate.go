@@ -78,7 +78,10 @@ type Translator struct {
 }
 
 // NewTranslator returns a translator for one replica. seed is the key-space
-// seed shared with the API (kvroute.KeySpace.Seed).
+// seed shared with the API (kvroute.KeySpace.Seed). lookup resolves the
+// engine hashes the translator has not keyed itself; a nil lookup resolves
+// none, so that an event chained from such a hash is skipped as an orphan
+// (a test of the translator alone needs no store).
 func NewTranslator(model, replica string, seed uint64, lookup KeyLookup) *Translator {
 	t := &Translator{model: model, replica: replica, seed: seed, lookup: lookup}
 	t.Reset()
