@@ -233,12 +233,3 @@ func (w *mpWriter) eventMap(ev event) {
 		w.str("AllBlocksCleared")
 	}
 }
-
-// endSeq is the sequence number of the replay end marker.
-const endSeq = ^uint64(0)
-
-func seqBytes(seq uint64) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint64(b, seq)
-	return b
-}

@@ -1,9 +1,13 @@
-// Package vllmtest simulates one vLLM replica for kvroute's end-to-end tests
-// and demo. It serves vLLM's HTTP surface on loopback (completions, chat,
-// /tokenize, /health, /metrics), keeps a bounded LRU prefix cache keyed by
-// vLLM's own sha256_cbor block hashes, and publishes vLLM's KV-cache events
-// on a ZeroMQ PUB socket with a ROUTER replay socket beside it, byte for byte
-// in the layouts documented in shared/VLLM_EVENTS.md.
+// Package vllmtest is a simulated vLLM server, for kvroute's demo mode, its
+// tests and its benchmarks; in the spirit of net/http/httptest and
+// internal/redistest, it starts a real server on loopback ports so that the
+// code under test talks to it as it would to the real thing.
+//
+// A Replica serves vLLM's HTTP surface (completions, chat, /tokenize,
+// /health, /metrics), keeps a bounded LRU prefix cache keyed by vLLM's own
+// sha256_cbor block hashes, and publishes vLLM's KV-cache events on a
+// ZeroMQ PUB socket with a ROUTER replay socket beside it, byte for byte in
+// the layouts documented in shared/VLLM_EVENTS.md.
 //
 // The cache never uses kvroute's block keys: the router must learn what a
 // replica holds from the events alone, as it would from a real engine.
@@ -28,59 +32,72 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// Config configures a Replica. The zero value of every field but Model has a
-// usable default.
+// Config configures a Replica. Model is required; every other field has a
+// default, given in its comment, that makes a small, fast replica on free
+// loopback ports.
 type Config struct {
 	// Model is the served model name, reported in /metrics and responses
 	// and required in requests (an empty request model means this one).
+	// Required.
 	Model string
 	// LoRAs lists adapter names a request may name as its model. The adapter
 	// goes into every block's extra keys and into the events, as in vLLM;
-	// its lora_id is its index here plus one.
+	// its lora_id is its index here plus one. Nil means no adapters.
 	LoRAs []string
-	// BlockSize is the number of tokens per KV block (default 16).
+	// BlockSize is the number of tokens per KV block. Zero means 16, vLLM's
+	// default.
 	BlockSize int
-	// CapacityBlocks bounds the prefix cache (default 4096 blocks).
+	// CapacityBlocks bounds the prefix cache, so that tests can force
+	// evictions. Zero means 4096 blocks.
 	CapacityBlocks int
-	// MaxModelLen is the longest prompt accepted (default 32768 tokens).
+	// MaxModelLen is the longest prompt accepted. Zero means 32768 tokens.
 	MaxModelLen int
 	// MaxRunning bounds concurrently running requests; others wait and are
-	// counted in vllm:num_requests_waiting. Zero means unbounded.
+	// counted in vllm:num_requests_waiting, so that tests can build a
+	// queue. Zero means unbounded.
 	MaxRunning int
 	// PrefillTokensPerSec and DecodeTokensPerSec set the simulated speed:
 	// a request sleeps uncached_tokens/PrefillTokensPerSec before its first
-	// token and 1/DecodeTokensPerSec per token. Zero means instantaneous.
+	// token and 1/DecodeTokensPerSec per token, so that a cache hit is
+	// visibly faster. Zero means instantaneous.
 	PrefillTokensPerSec float64
 	DecodeTokensPerSec  float64
-	// EventEncoding is EncodingArray (default) or EncodingMap.
+	// EventEncoding is the event layout published: EncodingArray or
+	// EncodingMap, since decoders must accept both. Empty means
+	// EncodingArray.
 	EventEncoding string
-	// Topic is the first frame of every event message (default "").
+	// Topic is the first frame of every event message; it names the
+	// replica when many publish to one bound SUB. Empty is vLLM's default.
 	Topic string
-	// HashSeed is hashed into NONE_HASH (default DefaultHashSeed). vLLM's
-	// PYTHONHASHSEED=0 corresponds to "0".
+	// HashSeed is hashed into NONE_HASH, as PYTHONHASHSEED is in vLLM
+	// ("0" corresponds to PYTHONHASHSEED=0). Empty means DefaultHashSeed.
 	HashSeed string
-	// ReplayBuffer is how many batches the replay socket keeps (default
-	// 10000, vLLM's buffer_steps). It also bounds batches queued during a
-	// Stall.
+	// ReplayBuffer is how many batches the replay socket keeps; it also
+	// bounds batches queued during a Stall. Zero means 10000, vLLM's
+	// buffer_steps.
 	ReplayBuffer int
 	// ReplayWithoutTopic answers replay requests in the layout of vLLM
-	// before PR #45177: ["", seq, payload] and end marker ["", 0xff..ff, ""].
+	// before PR #45177: ["", seq, payload] and end marker ["", 0xff..ff,
+	// ""], since decoders must accept both. False means the current layout
+	// with the topic.
 	ReplayWithoutTopic bool
-	// HTTPAddr, EventsEndpoint and ReplayEndpoint override where Start
-	// listens (defaults 127.0.0.1:0, tcp://127.0.0.1:0, tcp://127.0.0.1:0:
-	// free loopback ports).
+	// HTTPAddr, EventsEndpoint and ReplayEndpoint say where Start listens.
+	// Empty means 127.0.0.1:0, tcp://127.0.0.1:0 and tcp://127.0.0.1:0:
+	// free loopback ports, so that parallel tests never collide.
 	HTTPAddr       string
 	EventsEndpoint string
 	ReplayEndpoint string
 	// ConnectEvents, when set, makes the PUB socket dial this endpoint
 	// instead of binding EventsEndpoint, as vLLM does for an endpoint
 	// without "*": the router binds one SUB and every replica connects,
-	// telling itself apart by Topic.
+	// telling itself apart by Topic. Empty means bind.
 	ConnectEvents string
-	// Logger receives operational logs (default: discard).
+	// Logger receives operational logs. A nil Logger discards
+	// (slog.New(slog.DiscardHandler)), as in every kvroute package.
 	Logger *slog.Logger
-	// Now stamps batches and responses (default time.Now). Sleeps and
-	// stalls use real time so that a frozen clock cannot hang a test.
+	// Now stamps batches and responses, so that tests can fix event
+	// times. Nil means time.Now. Sleeps and stalls use real time so that a
+	// frozen clock cannot hang a test.
 	Now func() time.Time
 }
 
@@ -130,12 +147,6 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("unknown event encoding %q", c.EventEncoding)
 	}
 	return nil
-}
-
-// batch is one published or buffered event batch.
-type batch struct {
-	seq     uint64
-	payload []byte
 }
 
 // Replica is one simulated vLLM server. Its methods are safe for concurrent
@@ -401,157 +412,4 @@ func (r *Replica) WaitSubscribed(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
-}
-
-// emitLocked gives events the next sequence number, keeps the batch for
-// replay and queues it for publishing (or drops it from the wire when
-// DropNext asked for a gap). r.mu must be held.
-func (r *Replica) emitLocked(events ...event) {
-	if len(events) == 0 {
-		return
-	}
-	ts := float64(r.cfg.Now().UnixNano()) / 1e9
-	payload, err := encodeBatch(r.cfg.EventEncoding, ts, events)
-	if err != nil {
-		// Unreachable with the types encoded here; keep the seq gap
-		// visible rather than silently reusing the number.
-		r.log.Error("encode batch", "err", err)
-	}
-	b := batch{seq: r.seq, payload: payload}
-	r.seq++
-	r.replay = appendBounded(r.replay, b, r.cfg.ReplayBuffer)
-	if r.dropNext > 0 {
-		r.dropNext--
-		return
-	}
-	r.pending = appendBounded(r.pending, b, r.cfg.ReplayBuffer)
-	select {
-	case r.notify <- struct{}{}:
-	default:
-	}
-}
-
-// appendBounded appends b and forgets the oldest entries beyond max.
-func appendBounded(bs []batch, b batch, max int) []batch {
-	bs = append(bs, b)
-	if len(bs) > max {
-		n := copy(bs, bs[len(bs)-max:])
-		clear(bs[n:])
-		bs = bs[:n]
-	}
-	return bs
-}
-
-// publishLoop is the only writer of the PUB socket, so batches leave in
-// sequence order. A stall holds them back until it ends.
-func (r *Replica) publishLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.notify:
-		}
-		for {
-			r.mu.Lock()
-			wait := time.Until(r.stallUntil)
-			if wait > 0 {
-				r.mu.Unlock()
-				t := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return
-				case <-t.C:
-				case <-r.notify: // Restart or a new Stall changed the deadline.
-					t.Stop()
-				}
-				continue
-			}
-			out := r.pending
-			r.pending = nil
-			r.mu.Unlock()
-			if len(out) == 0 {
-				break
-			}
-			for _, b := range out {
-				msg := zmq4.NewMsgFrom([]byte(r.cfg.Topic), seqBytes(b.seq), b.payload)
-				if err := r.pub.Send(msg); err != nil {
-					if ctx.Err() != nil {
-						return
-					}
-					r.log.Warn("publish", "seq", b.seq, "err", err)
-				}
-			}
-		}
-	}
-}
-
-// replayLoop answers DEALER requests ["", seq8] on the ROUTER socket.
-func (r *Replica) replayLoop(ctx context.Context) {
-	for {
-		msg, err := r.router.Recv()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			r.log.Debug("replay recv", "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			continue
-		}
-		// [identity, "", seq8]; anything else is malformed and, as in vLLM,
-		// gets no answer at all.
-		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 || len(msg.Frames[2]) != 8 {
-			r.log.Warn("malformed replay request", "frames", len(msg.Frames))
-			continue
-		}
-		id := msg.Frames[0]
-		from := beUint64(msg.Frames[2])
-		r.mu.Lock()
-		var bs []batch
-		for _, b := range r.replay {
-			if b.seq >= from {
-				bs = append(bs, b)
-			}
-		}
-		r.mu.Unlock()
-		for _, b := range bs {
-			if err := r.router.Send(r.replayMsg(id, seqBytes(b.seq), b.payload)); err != nil {
-				r.log.Warn("replay send", "err", err)
-				break
-			}
-		}
-		if err := r.router.Send(r.replayMsg(id, seqBytes(endSeq), nil)); err != nil {
-			r.log.Warn("replay send end", "err", err)
-		}
-	}
-}
-
-func (r *Replica) replayMsg(id, seq, payload []byte) zmq4.Msg {
-	if r.cfg.ReplayWithoutTopic {
-		return zmq4.NewMsgFrom(id, []byte{}, seq, nonNil(payload))
-	}
-	topic := []byte(r.cfg.Topic)
-	if beUint64(seq) == endSeq {
-		topic = []byte{}
-	}
-	return zmq4.NewMsgFrom(id, []byte{}, topic, seq, nonNil(payload))
-}
-
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
-}
-
-func beUint64(b []byte) uint64 {
-	var u uint64
-	for _, c := range b {
-		u = u<<8 | uint64(c)
-	}
-	return u
 }
