@@ -1,0 +1,132 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/redis/go-redis/v9"
+)
+
+// AppliedSeq returns the seq of the last batch applied for the replica; ok
+// is false when none has been (or since ResetReplica).
+func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int64, ok bool, err error) {
+	v, err := s.c.HGet(ctx, metaKey(model, replica), "seq").Result()
+	if err == redis.Nil {
+		return 0, false, nil
+	} else if err != nil {
+		return 0, false, wrap("applied seq", err)
+	}
+	seq, err = strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("store: applied seq: %w", err)
+	}
+	return seq, true, nil
+}
+
+// ResetReplica forgets every event-fed entry of the replica and its applied
+// seq, for an engine that restarted (its seq starts over) or a stream the
+// ingestor must rebuild. Approximate entries and load are kept.
+func (s *Store) ResetReplica(ctx context.Context, model, replica string) error {
+	s.slots.Delete(model + "\x00" + replica)
+	err := scriptReset.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica).Err()
+	return wrap("reset replica", err)
+}
+
+// EngineKeys maps the replica's engine block hashes to router keys; the
+// ingestor chains a BlockStored event's keys from its parent's router key.
+func (s *Store) EngineKeys(ctx context.Context, model, replica string, engineHashes []uint64) (keys []kvroute.BlockKey, found []bool, err error) {
+	keys = make([]kvroute.BlockKey, len(engineHashes))
+	found = make([]bool, len(engineHashes))
+	if len(engineHashes) == 0 {
+		return keys, found, nil
+	}
+	fields := make([]string, len(engineHashes))
+	for i, h := range engineHashes {
+		var f [8]byte
+		binary.BigEndian.PutUint64(f[:], h)
+		fields[i] = string(f[:6])
+	}
+	vals, err := s.c.HMGet(ctx, e2rKey(model, replica), fields...).Result()
+	if err != nil {
+		return nil, nil, wrap("engine keys", err)
+	}
+	for i, v := range vals {
+		str, ok := v.(string)
+		if !ok {
+			continue
+		}
+		k, ok, err := e2rRecord(str, uint16(engineHashes[i]))
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: engine keys: %w", err)
+		}
+		keys[i], found[i] = k, ok
+	}
+	return keys, found, nil
+}
+
+// e2rRecord finds the key of the engine hash with the last two bytes suf
+// in an e2r value: records of suffix (2), key (8), "<gpu>,<host>" and ';'.
+func e2rRecord(v string, suf uint16) (kvroute.BlockKey, bool, error) {
+	for len(v) > 0 {
+		end := strings.IndexByte(v[min(10, len(v)):], ';')
+		if len(v) < 14 || end < 0 {
+			return 0, false, fmt.Errorf("bad entry %q", v)
+		}
+		if binary.BigEndian.Uint16([]byte(v[:2])) == suf {
+			return kvroute.BlockKey(binary.BigEndian.Uint64([]byte(v[2:10]))), true, nil
+		}
+		v = v[10+end+1:]
+	}
+	return 0, false, nil
+}
+
+// PurgeReplica removes everything kept about the replica under model: index
+// and approximate entries, meta, load and outstanding leases.
+func (s *Store) PurgeReplica(ctx context.Context, model, replica string) error {
+	s.slots.Delete(model + "\x00" + replica)
+	ids, err := scriptPurge.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica,
+		strconv.FormatInt(ms(s.now()), 10)).StringSlice()
+	if err != nil {
+		return wrap("purge replica", err)
+	}
+	if len(ids) > 0 {
+		if err := s.c.HDel(ctx, keyRequests, ids...).Err(); err != nil {
+			return wrap("purge replica", err)
+		}
+	}
+	return nil
+}
+
+// Stats returns the replica's index statistics; a replica never applied
+// has zero stats and no error.
+func (s *Store) Stats(ctx context.Context, model, replica string) (kvroute.ReplicaStats, error) {
+	v, err := s.c.HMGet(ctx, metaKey(model, replica), "seq", "at", "n").Result()
+	if err != nil {
+		return kvroute.ReplicaStats{}, wrap("stats", err)
+	}
+	var st kvroute.ReplicaStats
+	if str, ok := v[0].(string); ok {
+		if st.AppliedSeq, err = strconv.ParseInt(str, 10, 64); err != nil {
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: seq: %w", err)
+		}
+		st.HasSeq = true
+	}
+	if str, ok := v[1].(string); ok {
+		at, err := strconv.ParseInt(str, 10, 64)
+		if err != nil {
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: at: %w", err)
+		}
+		st.LastApplied = time.UnixMilli(at)
+	}
+	if str, ok := v[2].(string); ok {
+		if st.Blocks, err = strconv.Atoi(str); err != nil {
+			return kvroute.ReplicaStats{}, fmt.Errorf("store: stats: blocks: %w", err)
+		}
+	}
+	return st, nil
+}
