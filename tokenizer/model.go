@@ -53,12 +53,19 @@ func parseModel(raw json.RawMessage) (*bpe, error) {
 	if isNull(raw) {
 		return nil, errors.New("missing")
 	}
+	typ, err := componentType(raw)
+	if err != nil {
+		return nil, err
+	}
+	if typ != "BPE" && typ != "" {
+		return nil, fmt.Errorf("model type %q is not supported (only BPE)", typ)
+	}
 	var m bpeJSON
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, err
 	}
-	if m.Type != "BPE" && !(m.Type == "" && m.Merges != nil) {
-		return nil, fmt.Errorf("model type %q is not supported (only BPE)", m.Type)
+	if m.Merges == nil {
+		return nil, errors.New("BPE model without merges")
 	}
 	if m.Dropout != nil && *m.Dropout != 0 {
 		return nil, fmt.Errorf("BPE dropout %v is not supported (it makes encoding random)", *m.Dropout)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/ardanlabs/jinja"
@@ -184,7 +185,7 @@ func specialTokens(cfg map[string]json.RawMessage) (map[string]jinja.Value, erro
 	}
 	attrs := append([]string(nil), specialAttrs...)
 	for k := range extra {
-		if !contains(attrs, k) {
+		if !slices.Contains(attrs, k) {
 			attrs = append(attrs, k)
 		}
 	}
@@ -240,13 +241,4 @@ func tokenContent(raw json.RawMessage) (string, error) {
 		return "", err
 	}
 	return added.Content, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
