@@ -5,136 +5,36 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/mock"
 	"github.com/kvroute/kvroute/router"
 )
 
-// fakeIndex is an in-memory Index: per replica a set of held keys and a
-// load; enough to test the decision flow without a store.
-type fakeIndex struct {
-	mu       sync.Mutex
-	held     map[string]map[kvroute.BlockKey]bool
-	approx   map[string]map[kvroute.BlockKey]bool
-	loads    map[string]*kvroute.Load
-	leases   map[string]kvroute.Lease
-	down     bool
-	raceOnce map[string]bool // replica -> bump its version once before the next Reserve
-}
-
-func newFake() *fakeIndex {
-	return &fakeIndex{held: map[string]map[kvroute.BlockKey]bool{}, approx: map[string]map[kvroute.BlockKey]bool{},
-		loads: map[string]*kvroute.Load{}, leases: map[string]kvroute.Lease{}, raceOnce: map[string]bool{}}
-}
-
-func (f *fakeIndex) load(id string) *kvroute.Load {
-	if f.loads[id] == nil {
-		f.loads[id] = &kvroute.Load{}
-	}
-	return f.loads[id]
-}
-
-func lead(set map[kvroute.BlockKey]bool, keys []kvroute.BlockKey) int {
-	n := 0
-	for n < len(keys) && set[keys[n]] {
-		n++
-	}
-	return n
-}
-
-func (f *fakeIndex) Lookup(_ context.Context, _ string, keys []kvroute.BlockKey, ids []string) ([]kvroute.Overlap, []kvroute.Load, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.down {
-		return nil, nil, fmt.Errorf("fake: %w", kvroute.ErrUnavailable)
-	}
-	ov := make([]kvroute.Overlap, len(ids))
-	ld := make([]kvroute.Load, len(ids))
-	for i, id := range ids {
-		n := lead(f.held[id], keys)
-		ov[i] = kvroute.Overlap{GPU: n, Any: n, Approx: lead(f.approx[id], keys)}
-		ld[i] = *f.load(id)
-	}
-	return ov, ld, nil
-}
-
-func (f *fakeIndex) Reserve(_ context.Context, l kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	cur := f.load(l.Replica)
-	if f.raceOnce[l.Replica] {
-		f.raceOnce[l.Replica] = false
-		cur.PrefillBlocks += 1000 // another pod booked it first
-		cur.Version++
-	}
-	if ifVersion >= 0 && ifVersion != cur.Version {
-		return false, *cur, nil
-	}
-	cur.PrefillBlocks += l.PrefillBlocks
-	cur.DecodeBlocks += l.DecodeBlocks
-	cur.Requests++
-	cur.Version++
-	f.leases[l.RequestID] = l
-	return true, *cur, nil
-}
-
-func (f *fakeIndex) RecordApprox(_ context.Context, _, replica string, keys []kvroute.BlockKey) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.approx[replica] == nil {
-		f.approx[replica] = map[kvroute.BlockKey]bool{}
-	}
-	for _, k := range keys {
-		f.approx[replica][k] = true
-	}
-	return nil
-}
-
-func (f *fakeIndex) Advance(context.Context, string) (bool, error) { return true, nil }
-func (f *fakeIndex) Release(_ context.Context, id string) (bool, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	l, ok := f.leases[id]
-	if ok {
-		cur := f.load(l.Replica)
-		cur.PrefillBlocks -= l.PrefillBlocks
-		cur.DecodeBlocks -= l.DecodeBlocks
-		cur.Requests--
-		delete(f.leases, id)
-	}
-	return ok, nil
-}
-
-type fakeRegistry struct {
-	mu    sync.Mutex
-	list  []kvroute.Replica
-	down  bool
-	calls int
-}
-
-func (r *fakeRegistry) ListReplicas(context.Context) ([]kvroute.Replica, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls++
-	if r.down {
-		return nil, fmt.Errorf("fake: %w", kvroute.ErrUnavailable)
-	}
-	return append([]kvroute.Replica(nil), r.list...), nil
-}
-
-func fleet(n int, events bool) *fakeRegistry {
-	reg := &fakeRegistry{}
+// fleet is n replicas of model "m", r0 to r(n-1). With events they publish
+// KV-cache events; without, decisions remember what they sent each one as
+// approximate entries, which the tests of that path rely on.
+func fleet(n int, events bool) []kvroute.Replica {
+	var list []kvroute.Replica
 	for i := range n {
 		r := kvroute.Replica{ID: fmt.Sprintf("r%d", i), Model: "m", URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i)}
 		if events {
 			r.Events = "tcp://x"
 		}
-		reg.list = append(reg.list, r)
+		list = append(list, r)
 	}
-	return reg
+	return list
+}
+
+// putReplica replaces a replica registered in mem, as an admin's PUT
+// would.
+func putReplica(tb testing.TB, mem *mock.Memory, r kvroute.Replica) {
+	tb.Helper()
+	if err := mem.Registry().PutReplica(context.Background(), r); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 func newRouter(t *testing.T, idx router.Index, reg router.Registry, now func() time.Time) *router.Router {
@@ -160,14 +60,10 @@ func tokens(seed uint64, n int) []uint32 {
 func TestRoute(t *testing.T) {
 	ctx := context.Background()
 	t.Run("routes to the prefix holder", func(t *testing.T) {
-		idx, reg := newFake(), fleet(4, true)
-		r := newRouter(t, idx, reg, time.Now)
+		mem := mock.NewMemory(fleet(4, true)...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		tok := tokens(1, 10*16+3)
-		keys := kvroute.BlockKeys(r.KeySpace("m", ""), 16, tok, nil)
-		idx.held["r2"] = map[kvroute.BlockKey]bool{}
-		for _, k := range keys {
-			idx.held["r2"][k] = true
-		}
+		mem.Hold("r2", kvroute.BlockKeys(r.KeySpace("m", ""), 16, tok, nil))
 		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tok})
 		if err != nil {
 			t.Fatal(err)
@@ -175,13 +71,13 @@ func TestRoute(t *testing.T) {
 		if d.Replica.ID != "r2" || d.Matched != 10 || d.PromptBlocks != 10 {
 			t.Errorf("got replica %s matched %d/%d, want r2 10/10", d.Replica.ID, d.Matched, d.PromptBlocks)
 		}
-		if got := idx.loads["r2"].Requests; got != 1 {
+		if got := mem.Load("r2").Requests; got != 1 {
 			t.Errorf("r2 requests booked = %d, want 1", got)
 		}
 	})
 	t.Run("empty index spreads by load", func(t *testing.T) {
-		idx, reg := newFake(), fleet(4, true)
-		r := newRouter(t, idx, reg, time.Now)
+		mem := mock.NewMemory(fleet(4, true)...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		seen := map[string]int{}
 		for i := range 8 {
 			d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(uint64(i), 64)})
@@ -197,10 +93,21 @@ func TestRoute(t *testing.T) {
 		}
 	})
 	t.Run("lost booking race re-scores", func(t *testing.T) {
-		idx, reg := newFake(), fleet(2, true)
-		r := newRouter(t, idx, reg, time.Now)
-		idx.load("r1").PrefillBlocks = 5 // r0 is the obvious pick...
-		idx.raceOnce["r0"] = true        // ...until another pod books it first
+		mem := mock.NewMemory(fleet(2, true)...)
+		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 5}) // r0 is the obvious pick...
+		idx := mem.Index()
+		reserve, raced := idx.ReserveFn, false
+		idx.ReserveFn = func(ctx context.Context, l kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
+			if l.Replica == "r0" && !raced { // ...until another pod books it first
+				raced = true
+				cur := mem.Load("r0")
+				cur.PrefillBlocks += 1000
+				cur.Version++
+				mem.SetLoad("r0", cur)
+			}
+			return reserve(ctx, l, ifVersion)
+		}
+		r := newRouter(t, idx, mem.Registry(), time.Now)
 		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
 		if err != nil {
 			t.Fatal(err)
@@ -210,8 +117,8 @@ func TestRoute(t *testing.T) {
 		}
 	})
 	t.Run("approximate entries for replicas without events", func(t *testing.T) {
-		idx, reg := newFake(), fleet(4, false)
-		r := newRouter(t, idx, reg, time.Now)
+		mem := mock.NewMemory(fleet(4, false)...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		tok := tokens(9, 20*16)
 		first, err := r.Route(ctx, router.Request{Model: "m", Tokens: tok})
 		if err != nil {
@@ -229,23 +136,26 @@ func TestRoute(t *testing.T) {
 		}
 	})
 	t.Run("unhealthy never picked", func(t *testing.T) {
-		idx, reg := newFake(), fleet(3, true)
-		reg.list[0].Health, reg.list[1].Health = kvroute.HealthUnhealthy, kvroute.HealthUnhealthy
-		r := newRouter(t, idx, reg, time.Now)
+		list := fleet(3, true)
+		list[0].Health, list[1].Health = kvroute.HealthUnhealthy, kvroute.HealthUnhealthy
+		mem := mock.NewMemory(list...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		for i := range 5 {
 			d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(uint64(i), 32)})
 			if err != nil || d.Replica.ID != "r2" {
 				t.Fatalf("got %s, %v; want r2", d.Replica.ID, err)
 			}
 		}
-		reg.list[2].Health = kvroute.HealthUnhealthy
+		list[2].Health = kvroute.HealthUnhealthy
+		putReplica(t, mem, list[2])
 		_, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)})
 		if !errors.Is(err, kvroute.ErrNoReplica) {
 			t.Errorf("err = %v, want ErrNoReplica", err)
 		}
 	})
 	t.Run("errors", func(t *testing.T) {
-		r := newRouter(t, newFake(), fleet(1, true), time.Now)
+		mem := mock.NewMemory(fleet(1, true)...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		for _, tt := range []struct {
 			name string
 			req  router.Request
@@ -263,13 +173,14 @@ func TestRoute(t *testing.T) {
 		}
 	})
 	t.Run("store down degrades to round robin", func(t *testing.T) {
-		idx, reg := newFake(), fleet(3, true)
-		reg.list[1].Health = kvroute.HealthUnhealthy
-		r := newRouter(t, idx, reg, time.Now)
+		list := fleet(3, true)
+		list[1].Health = kvroute.HealthUnhealthy
+		mem := mock.NewMemory(list...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		if _, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil {
 			t.Fatal(err)
 		}
-		idx.down, reg.down = true, true
+		mem.SetDown(true)
 		got := map[string]int{}
 		for i := range 4 {
 			d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(uint64(i), 32)})
@@ -293,27 +204,33 @@ func TestStoreBackoff(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
-	idx, reg := newFake(), fleet(2, true)
-	r := newRouter(t, idx, reg, clock)
+	mem := mock.NewMemory(fleet(2, true)...)
+	reg := mem.Registry()
+	list, lists := reg.ListReplicasFn, 0
+	reg.ListReplicasFn = func(ctx context.Context) ([]kvroute.Replica, error) {
+		lists++ // every time a decision goes to the store for the fleet
+		return list(ctx)
+	}
+	r := newRouter(t, mem.Index(), reg, clock)
 	if _, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil {
 		t.Fatal(err)
 	}
-	idx.down, reg.down = true, true
+	mem.SetDown(true)
 	d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)})
 	if err != nil || !d.Degraded {
 		t.Fatalf("first decision in the outage: degraded=%v err=%v", d.Degraded, err)
 	}
-	calls := reg.calls
+	calls := lists
 	for range 5 {
 		now = now.Add(100 * time.Millisecond)
 		if d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil || !d.Degraded {
 			t.Fatalf("decision in the backoff window: degraded=%v err=%v", d.Degraded, err)
 		}
 	}
-	if got := reg.calls - calls; got != 0 {
+	if got := lists - calls; got != 0 {
 		t.Errorf("store tried %d times within the backoff window, want 0", got)
 	}
-	idx.down, reg.down = false, false
+	mem.SetDown(false)
 	now = now.Add(time.Second)
 	if d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 32)}); err != nil || d.Degraded {
 		t.Errorf("after the backoff: degraded=%v err=%v, want a normal decision", d.Degraded, err)
@@ -345,7 +262,8 @@ func TestBlockSize(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := router.DefaultConfig()
 			cfg.BlockSizes = tt.pinned
-			r, err := router.New(newFake(), &fakeRegistry{}, cfg, router.Options{})
+			// BlockSize asks the store nothing: these mocks panic if it does.
+			r, err := router.New(&mock.Index{}, &mock.Registry{}, cfg, router.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -355,11 +273,12 @@ func TestBlockSize(t *testing.T) {
 		})
 	}
 	t.Run("decision keyed with the reported size", func(t *testing.T) {
-		reg := fleet(2, true)
-		for i := range reg.list {
-			reg.list[i].BlockSize = 32
+		list := fleet(2, true)
+		for i := range list {
+			list[i].BlockSize = 32
 		}
-		r := newRouter(t, newFake(), reg, time.Now)
+		mem := mock.NewMemory(list...)
+		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
 		d, err := r.Route(context.Background(), router.Request{Model: "m", Tokens: tokens(1, 100)})
 		if err != nil {
 			t.Fatal(err)
