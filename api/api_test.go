@@ -69,7 +69,7 @@ func TestRoute(t *testing.T) {
 		if hdr.Get(api.HeaderRequestID) != got.RequestID || hdr.Get(api.HeaderReplica) != got.Replica.ID {
 			t.Errorf("headers %q %q, want %q %q", hdr.Get(api.HeaderRequestID), hdr.Get(api.HeaderReplica), got.RequestID, got.Replica.ID)
 		}
-		if _, ok := h.store.lease(got.RequestID); !ok {
+		if _, ok := h.store.Lease(got.RequestID); !ok {
 			t.Error("decision booked no lease")
 		}
 	})
@@ -207,7 +207,7 @@ func TestRouteStoreDown(t *testing.T) {
 	if status, _, raw := h.post(t, "/v1/route", body); status != http.StatusOK {
 		t.Fatalf("warm-up: %d %s", status, raw)
 	}
-	h.store.setDown(true)
+	h.store.SetDown(true)
 
 	t.Run("known replicas: degraded decision, not 5xx", func(t *testing.T) {
 		status, hdr, raw := h.post(t, "/v1/route", body)
@@ -225,7 +225,7 @@ func TestRouteStoreDown(t *testing.T) {
 
 	t.Run("no replica ever known: 503", func(t *testing.T) {
 		cold := newHarness(t, fleet(2, "m"))
-		cold.store.setDown(true)
+		cold.store.SetDown(true)
 		status, hdr, raw := cold.post(t, "/v1/route", body)
 		if status != http.StatusServiceUnavailable {
 			t.Fatalf("status = %d, want 503; body %s", status, raw)
@@ -295,7 +295,7 @@ func TestProgress(t *testing.T) {
 			t.Errorf("step %d %s: got %+v, want found=%v", i, st.path, got, st.wantFound)
 		}
 	}
-	if l := h.store.load("r0"); l.PrefillBlocks != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
+	if l := h.store.Load("r0"); l.PrefillBlocks != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
 		t.Errorf("load after release = %+v, want zero", l)
 	}
 }

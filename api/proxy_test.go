@@ -101,7 +101,7 @@ func TestProxyStreaming(t *testing.T) {
 		}
 	})
 	t.Run("lease sized by the prompt", func(t *testing.T) {
-		l, ok := h.store.lease(id)
+		l, ok := h.store.Lease(id)
 		if !ok || l.PrefillBlocks != 4 {
 			t.Errorf("lease = %+v (found %v), want the prompt's 4 uncached blocks of prefill", l, ok)
 		}
@@ -131,7 +131,7 @@ func TestProxyStreaming(t *testing.T) {
 		if got, _ := next(t); got != "data: 1" {
 			t.Fatalf("first line %q, want data: 1", got)
 		}
-		calls := h.store.callLog()
+		calls := h.store.Calls()
 		if !slices.Contains(calls, "advance "+id) || slices.Contains(calls, "release "+id) {
 			t.Errorf("calls mid-stream = %v, want advance and no release", calls)
 		}
@@ -146,10 +146,10 @@ func TestProxyStreaming(t *testing.T) {
 			t.Errorf("rest of stream %q, want %q", rest, want)
 		}
 		want := []string{"advance " + id, "release " + id}
-		if got := h.store.callLog(); !slices.Equal(got, want) {
+		if got := h.store.Calls(); !slices.Equal(got, want) {
 			t.Errorf("calls = %v, want %v", got, want)
 		}
-		if l := h.store.load("r0"); l.Requests != 0 || l.DecodeBlocks != 0 {
+		if l := h.store.Load("r0"); l.Requests != 0 || l.DecodeBlocks != 0 {
 			t.Errorf("load after the stream = %+v, want zero", l)
 		}
 	})
@@ -172,7 +172,7 @@ func TestProxy(t *testing.T) {
 		if got.path != "/v1/chat/completions" || got.body != body || got.header.Get("X-Session-Id") != "s1" {
 			t.Errorf("upstream got %s %q session %q", got.path, got.body, got.header.Get("X-Session-Id"))
 		}
-		if calls := h.store.callLog(); !slices.Contains(calls, "release "+hdr.Get(api.HeaderRequestID)) {
+		if calls := h.store.Calls(); !slices.Contains(calls, "release "+hdr.Get(api.HeaderRequestID)) {
 			t.Errorf("calls %v lack the release", calls)
 		}
 	})
@@ -220,8 +220,8 @@ func TestProxyUpstreamFailure(t *testing.T) {
 			t.Fatalf("got %d %s, want 502 upstream_error", status, raw)
 		}
 		id := hdr.Get(api.HeaderRequestID)
-		if want := []string{"release " + id}; !slices.Equal(h.store.callLog(), want) {
-			t.Errorf("calls = %v, want %v", h.store.callLog(), want)
+		if want := []string{"release " + id}; !slices.Equal(h.store.Calls(), want) {
+			t.Errorf("calls = %v, want %v", h.store.Calls(), want)
 		}
 	})
 	t.Run("error status passes through", func(t *testing.T) {
@@ -232,8 +232,8 @@ func TestProxyUpstreamFailure(t *testing.T) {
 			t.Fatalf("got %d %s, want the replica's 400", status, raw)
 		}
 		id := hdr.Get(api.HeaderRequestID)
-		if want := []string{"release " + id}; !slices.Equal(h.store.callLog(), want) {
-			t.Errorf("calls = %v, want only %v (no first token on an error)", h.store.callLog(), want)
+		if want := []string{"release " + id}; !slices.Equal(h.store.Calls(), want) {
+			t.Errorf("calls = %v, want only %v (no first token on an error)", h.store.Calls(), want)
 		}
 	})
 }
