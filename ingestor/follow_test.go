@@ -76,8 +76,8 @@ func (fx *followFixture) wantResets(t *testing.T, want int) {
 	}
 }
 
-// wantHeld checks the replica holds exactly the keys of blocks 0..n-1 of
-// the one chained prompt the fixture publishes.
+// wantHeld checks the replica holds exactly the keys of blocks
+// from..from+n-1 of the one chained prompt the fixture publishes.
 func (fx *followFixture) wantHeld(t *testing.T, from, n int) {
 	t.Helper()
 	all := kvroute.BlockKeys(kvroute.KeySpace{Model: tModel}, 4, wire.UTokens(0, 4*(from+n)), nil)
@@ -91,7 +91,7 @@ func (fx *followFixture) wantHeld(t *testing.T, from, n int) {
 	}
 	for _, k := range got {
 		if !want[k] {
-			t.Errorf("held unexpected key %v", k)
+			t.Errorf("held key %v, want only the keys of blocks %d..%d", k, from, from+n-1)
 		}
 	}
 }

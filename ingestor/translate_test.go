@@ -68,7 +68,7 @@ func TestTranslateChain(t *testing.T) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, got)
 		}
 		if st.Stored != 4 || st.Orphans != 0 {
-			t.Errorf("stats: %+v", st)
+			t.Errorf("stats: got %+v, want 4 stored, no orphans", st)
 		}
 	})
 
@@ -110,7 +110,7 @@ func TestTranslateChain(t *testing.T) {
 			t.Errorf("ops: got %+v, want only hash 10", ops)
 		}
 		if st.Orphans != 2 || st.Skipped[ingestor.SkipOrphan] != 2 {
-			t.Errorf("stats: %+v", st)
+			t.Errorf("stats: got %+v, want 2 orphans, skipped as such", st)
 		}
 	})
 
@@ -150,7 +150,7 @@ func TestTranslateOpsKinds(t *testing.T) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, want)
 		}
 		if st.Skipped[ingestor.SkipUnknownOffload] != 1 {
-			t.Errorf("unknown offload: %+v", st)
+			t.Errorf("stats: got %+v, want 1 unknown offload skipped", st)
 		}
 	})
 
@@ -188,7 +188,7 @@ func TestTranslateOpsKinds(t *testing.T) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, want)
 		}
 		if st.Removed != 3 || st.Clears != 1 || st.Orphans != 1 {
-			t.Errorf("stats: %+v (a block after the clear cannot chain from one before it)", st)
+			t.Errorf("stats: got %+v, want 3 removed, 1 clear, 1 orphan (a block after the clear cannot chain from one before it)", st)
 		}
 	})
 
@@ -212,7 +212,7 @@ func TestTranslateOpsKinds(t *testing.T) {
 			t.Errorf("ops:\n got %+v\nwant %+v", ops, want)
 		}
 		if st.Skipped[ingestor.SkipNonFullAttention] != 4 {
-			t.Errorf("skipped: %+v", st.Skipped)
+			t.Errorf("skipped: got %+v, want 4 non-full-attention", st.Skipped)
 		}
 	})
 }
@@ -274,11 +274,11 @@ func TestTranslateMatchesRequests(t *testing.T) {
 		ops, _ := translate(t, tr, ev)
 		x := ingestor.BlockExtras(&ev)
 		if x[0].Salt != "" || len(x[0].MM) != 1 || x[0].MM[0].ID != "mm" {
-			t.Errorf("extras: %+v", x)
+			t.Errorf("extras: got %+v, want no salt and one multimodal identifier \"mm\"", x)
 		}
 		plain := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, bs, toks[:8], nil)
 		if ops[0].Key == plain[1] {
-			t.Errorf("multimodal identifier did not change the key")
+			t.Errorf("key: got the plain key %v, want the multimodal identifier to change it", ops[0].Key)
 		}
 	})
 }

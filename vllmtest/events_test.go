@@ -48,7 +48,7 @@ func TestEvents(t *testing.T) {
 			if enc == vllmtest.EncodingMap {
 				m := b.evs[0].(map[string]any)
 				if !reflect.DeepEqual(m["extra_keys"], []any{nil, nil}) || m["kv_cache_spec_kind"] != "full_attention" || u64(t, m["group_idx"]) != 0 {
-					t.Errorf("extra_keys, group_idx, kind = %v, %v, %v", m["extra_keys"], m["group_idx"], m["kv_cache_spec_kind"])
+					t.Errorf("extra_keys, group_idx, kind = %v, %v, %v, want [nil nil], 0, full_attention", m["extra_keys"], m["group_idx"], m["kv_cache_spec_kind"])
 				}
 			} else if raw := b.evs[0].([]any); len(raw) != 8 {
 				t.Errorf("BlockStored array has %d elements, want 8", len(raw))

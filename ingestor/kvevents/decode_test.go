@@ -253,7 +253,7 @@ func TestDecodeReplay(t *testing.T) {
 				t.Errorf("got seq %d topic %q, want %d %q", r.Batch.Seq, r.Batch.Topic, tt.wantSeq, tt.wantTop)
 			}
 			if len(r.Batch.Events) != 1 || r.Batch.Events[0].Kind != kvevents.AllBlocksCleared {
-				t.Errorf("events: got %+v", r.Batch.Events)
+				t.Errorf("events: got %+v, want one AllBlocksCleared", r.Batch.Events)
 			}
 		})
 	}

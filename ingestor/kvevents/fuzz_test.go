@@ -57,7 +57,7 @@ func TestDecodeGoldenV026(t *testing.T) {
 		t.Errorf("events:\n got %+v\nwant %+v", b.Events, want)
 	}
 	if b.TS != 1789095808.83 || b.DPRank == nil || *b.DPRank != 0 {
-		t.Errorf("ts %v rank %v", b.TS, b.DPRank)
+		t.Errorf("got ts %v rank %v, want ts 1789095808.83 rank 0", b.TS, b.DPRank)
 	}
 }
 
