@@ -164,3 +164,29 @@ func diff(got, want string) string {
 	return fmt.Sprintf("first difference at byte %d (len got %d, want %d)\n got: %q\nwant: %q",
 		i, len(got), len(want), got[lo:min(len(got), i+60)], want[lo:min(len(want), i+60)])
 }
+
+// TestFeatureGoldens renders golden/features.jsonl: one synthetic template
+// per Jinja feature, each with its request.
+func TestFeatureGoldens(t *testing.T) {
+	specials := map[string]string{"bos_token": "<s>", "eos_token": "</s>"}
+	f, err := os.ReadFile(filepath.Join("testdata", "golden", "features.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range bytes.Split(bytes.TrimSpace(f), []byte("\n")) {
+		var g struct {
+			golden
+			Template string `json:"template"`
+		}
+		if err := json.Unmarshal(line, &g); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(g.Name, func(t *testing.T) {
+			tmpl, err := template.Parse(g.Template, specials, template.Options{Now: pinnedClock})
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			checkGolden(t, tmpl, g.golden)
+		})
+	}
+}

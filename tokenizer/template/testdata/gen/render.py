@@ -35,6 +35,7 @@ import jinja2.sandbox
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cases import cases_for  # noqa: E402
+from features import SPECIALS, feature_cases  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTDATA = os.path.dirname(HERE)
@@ -446,6 +447,18 @@ def main():
             f.write("\n".join(lines) + "\n")
         errs = sum(1 for l in lines if '"error":' in l)
         print("%s: %d cases (%d errors)" % (name, len(lines), errs))
+    lines = []
+    for case in feature_cases():
+        raw = case["body"]
+        rec = {"name": case["name"], "template": case["template"], "body": "__BODY__"}
+        try:
+            rec["prompt"] = render(env, case["template"], SPECIALS, json.loads(raw))
+        except (RequestError, jinja2.exceptions.TemplateError) as e:
+            rec["error"] = str(e)
+        lines.append(json.dumps(rec, ensure_ascii=False).replace('"__BODY__"', raw, 1))
+    with open(os.path.join(outdir, "features.jsonl"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    print("features: %d cases" % len(lines))
 
 
 if __name__ == "__main__":
