@@ -110,9 +110,17 @@ type Event struct {
 
 // Batch is one decoded ZeroMQ message: one engine step's events.
 type Batch struct {
-	Topic  string
-	Seq    uint64
-	TS     float64
+	// Topic is the first frame, the publisher's topic: in bind mode it
+	// names the replica.
+	Topic string
+	// Seq is the publisher's sequence number, one per batch, which shows
+	// gaps and restarts.
+	Seq uint64
+	// TS is the engine's timestamp in seconds since the epoch (0 when
+	// absent), which event lag is measured against.
+	TS float64
+	// DPRank is the data-parallel rank, nil when the batch carried none or
+	// one out of range.
 	DPRank *int
 	// Digest is a hash of the payload bytes. A replay sends a batch's
 	// exact bytes again, so a different digest under the same seq means a
