@@ -7,6 +7,7 @@
 package kvroute
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -229,4 +230,38 @@ type ReplicaStats struct {
 	// real seq.
 	HasSeq      bool
 	LastApplied time.Time
+}
+
+// TokenizeRequest asks what token ids an engine computes for a prompt: a
+// text prompt (Prompt) or a chat conversation (Messages and its options),
+// with the field names and defaults of vLLM's OpenAI server. The front
+// door builds it; a local tokenizer or a replica's own tokenization
+// endpoint answers it.
+type TokenizeRequest struct {
+	Model string
+	// Prompt is a text prompt; nil for chat.
+	Prompt *string
+	// Messages is the chat's "messages" array as sent; Tools, Documents
+	// and ChatTemplateKwargs its options of those names.
+	Messages           json.RawMessage
+	Tools              json.RawMessage
+	Documents          json.RawMessage
+	ChatTemplateKwargs json.RawMessage
+	// AddGenerationPrompt nil means vLLM's default, true.
+	AddGenerationPrompt  *bool
+	ContinueFinalMessage bool
+	// AddSpecialTokens nil means vLLM's default: true for a text prompt,
+	// false for chat (the template writes BOS itself).
+	AddSpecialTokens *bool
+}
+
+// Chat reports whether the request is a chat conversation.
+func (r TokenizeRequest) Chat() bool { return r.Prompt == nil }
+
+// SpecialTokens is AddSpecialTokens with vLLM's default applied.
+func (r TokenizeRequest) SpecialTokens() bool {
+	if r.AddSpecialTokens != nil {
+		return *r.AddSpecialTokens
+	}
+	return !r.Chat()
 }

@@ -1,0 +1,90 @@
+package prompt
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/tokenizer"
+	"github.com/kvroute/kvroute/tokenizer/template"
+)
+
+// Encoder turns text into token ids; *tokenizer.Tokenizer and
+// *tokenizer.Cache are Encoders.
+type Encoder interface {
+	Encode(text string, addSpecialTokens bool) ([]uint32, error)
+}
+
+// Renderer renders a chat request to the prompt text the engine
+// tokenizes; *template.Template is a Renderer.
+type Renderer interface {
+	Render(req template.Request) (template.Result, error)
+}
+
+// Model is one model's tokenizer and chat template, loaded from the same
+// files the engine loads.
+type Model struct {
+	// Encoder tokenizes; required.
+	Encoder Encoder
+	// Template renders chats; nil means the model has none, and its chat
+	// prompts go to the Remote (or are cache-blind).
+	Template Renderer
+}
+
+// templateFailure is the local template failing where the engine's would
+// not: the request goes remote, or cache-blind, never wrong.
+type templateFailure struct{ err error }
+
+func (e *templateFailure) Error() string { return e.err.Error() }
+
+var errNoTemplate = errors.New("the model has no chat template")
+
+// tokenize runs the model's own pipeline: the chat template for a chat,
+// then the tokenizer.
+func (m *Model) tokenize(req kvroute.TokenizeRequest) (Result, error) {
+	res := Result{Source: SourceLocal}
+	text := ""
+	if req.Chat() {
+		if m.Template == nil {
+			return Result{}, &templateFailure{errNoTemplate}
+		}
+		out, err := m.Template.Render(template.Request{
+			Messages: req.Messages, Tools: req.Tools, Documents: req.Documents,
+			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage,
+			Kwargs: req.ChatTemplateKwargs,
+		})
+		var re *template.RequestError
+		switch {
+		case errors.As(err, &re):
+			// vLLM refuses the same request; so does kvroute, with the
+			// template's own words.
+			return Result{}, &kvroute.FieldError{Field: "messages", Msg: "were refused by the model's chat template: " + re.Msg}
+		case err != nil:
+			return Result{}, &templateFailure{err}
+		}
+		text = out.Prompt
+		if out.TextPrefix < len(out.Prompt) {
+			text, res.Partial = out.Prompt[:out.TextPrefix], PartialMultimodal
+		}
+	} else {
+		text = *req.Prompt
+	}
+	ids, err := m.Encoder.Encode(text, req.SpecialTokens())
+	if errors.Is(err, tokenizer.ErrInvalidUTF8) {
+		field := "prompt"
+		if req.Chat() {
+			field = "messages"
+		}
+		return Result{}, &kvroute.FieldError{Field: field, Msg: "is not valid UTF-8"}
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("prompt: tokenize: %w", err)
+	}
+	res.Tokens, res.PromptTokens = ids, len(ids)
+	if res.Partial != "" && len(ids) > 0 {
+		// The text before a media part ends where the engine's prompt
+		// goes on: the last token may merge with what follows there.
+		res.Tokens = ids[:len(ids)-1]
+	}
+	return res, nil
+}
