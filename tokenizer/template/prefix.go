@@ -11,8 +11,9 @@ import (
 // where that text ends.
 //
 // Method: the message holding the first non-text part has its whole
-// content replaced by a sentinel string, twice with two different
-// sentinels, and the template is rendered each time. TextPrefix is the
+// content replaced by sentinel text, twice: once one short sentinel, once
+// a longer one (as two text parts in the openai format, so list lengths
+// differ too), and the template is rendered each time. TextPrefix is the
 // smallest of: the first sentinel's offset in its render, the length of
 // the two renders' common prefix, and the length of the common prefix with
 // the real Prompt. Text before the message's content is then the same
@@ -28,10 +29,11 @@ import (
 // exact ({"type": "image"} and so on, as vLLM passes them).
 
 // Sentinels are ASCII without whitespace or template syntax, so no trim
-// or escaping touches them, and differ in every byte from each other.
-const (
-	sentinelA = "KVROUTEMEDIAxQ7vZ"
-	sentinelB = "zz9pkvroutemediaN"
+// or escaping touches them; the two start with different bytes and differ
+// in length and part count.
+var (
+	sentinelA = []string{"KVROUTEMEDIAxQ7vZ"}
+	sentinelB = []string{"zz9pkvroutemediaNzz9pk", "vroutemediaNzz9pkvroutemediaN"}
 )
 
 func (r *renderer) textPrefix(conv conversation, prompt string) int {
@@ -43,7 +45,7 @@ func (r *renderer) textPrefix(conv conversation, prompt string) int {
 	if !ok {
 		return 0
 	}
-	at := strings.Index(a, sentinelA)
+	at := strings.Index(a, sentinelA[0])
 	if at < 0 {
 		return 0
 	}
@@ -56,16 +58,21 @@ func (r *renderer) textPrefix(conv conversation, prompt string) int {
 }
 
 // renderWithSentinel renders the conversation with the first multimodal
-// message's content replaced by s, in the content format the template
-// takes.
-func (r *renderer) renderWithSentinel(conv conversation, s string) (string, bool) {
+// message's content replaced by the sentinel parts, in the content format
+// the template takes (joined with "\n" in the string format, as vLLM joins
+// text parts).
+func (r *renderer) renderWithSentinel(conv conversation, parts []string) (string, bool) {
 	messages := deepCopy(conv.messages).([]any)
 	msg := messages[conv.media].(*object)
 	role, _ := msg.get("role")
 	if r.v.openai && role != "tool" {
-		msg.set("content", []any{textPart(s)})
+		list := make([]any, len(parts))
+		for i, p := range parts {
+			list[i] = textPart(p)
+		}
+		msg.set("content", list)
 	} else {
-		msg.set("content", s)
+		msg.set("content", strings.Join(parts, "\n"))
 	}
 	// continue_final_message would cut at the final message's text; the
 	// sentinel render must show everything the template prints.
