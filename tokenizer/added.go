@@ -1,8 +1,7 @@
 package tokenizer
 
 import (
-	"fmt"
-	"unicode"
+		"unicode"
 	"unicode/utf8"
 )
 
@@ -31,25 +30,24 @@ type addedVocab struct {
 
 func newAddedVocab(list []addedTokenJSON, m *bpe, n normalizer) (*addedVocab, error) {
 	av := &addedVocab{byContent: map[string]uint32{}, byID: map[uint32]*addedToken{}}
+	// Ids are assigned as Hugging Face's add_tokens does, ignoring the ids
+	// written in the file: the id the tokenizer already has for the
+	// string (an earlier added token, else the model's), else the next
+	// one after the model's vocabulary.
 	nextID := uint32(len(m.vocab))
 	var rawPats, normPats []matcherPattern
 	for _, j := range list {
 		if j.Content == "" {
 			continue
 		}
-		// Hugging Face gives an added token the model's id for the same
-		// string if there is one, else the next free id.
-		id, ok := m.vocab[j.Content]
-		if prev, dup := av.byContent[j.Content]; dup {
-			id, ok = prev, true
+		id, ok := av.byContent[j.Content]
+		if !ok {
+			id, ok = m.vocab[j.Content]
 		}
 		if !ok {
-			id = j.ID
-			if id < nextID && int(id) < len(m.vocabR) && m.vocabR[id] != "" {
-				return nil, fmt.Errorf("token %q has id %d, which the model gives %q", j.Content, id, m.vocabR[id])
-			}
+			id = nextID
+			nextID++
 		}
-		nextID = max(nextID, id+1)
 		t := addedToken{id: id, content: j.Content, singleWord: j.SingleWord, lstrip: j.LStrip,
 			rstrip: j.RStrip, normalized: j.Normalized, special: j.Special}
 		av.tokens = append(av.tokens, t)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
-	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -72,67 +71,25 @@ func (n stripNorm) normalize(s string) string {
 	return s
 }
 
-// lowercaseNorm applies Rust's str::to_lowercase: full Unicode lower-case
-// mapping. Go's simple mapping differs only for U+0130 among the
-// characters whose lower case is longer than one rune, and for the final
-// sigma rule, which Rust's to_lowercase also applies.
+// lowercaseNorm lower-cases character by character, as Hugging Face
+// does with Rust's char::to_lowercase: no context-dependent rules (a
+// final capital sigma becomes σ, not ς), and U+0130 becomes two
+// characters, the only unconditional multi-character lower case.
 type lowercaseNorm struct{}
 
 func (lowercaseNorm) normalize(s string) string {
-	if !strings.ContainsRune(s, 'İ') && !strings.ContainsRune(s, 'Σ') {
-		return strings.ToLower(s)
+	if !strings.ContainsRune(s, 'İ') {
+		return strings.Map(unicode.ToLower, s)
 	}
 	var b strings.Builder
-	for i, r := range s {
-		switch r {
-		case 'İ':
+	for _, r := range s {
+		if r == 'İ' {
 			b.WriteString("i\u0307")
-		case 'Σ':
-			if finalSigma(s, i) {
-				b.WriteRune('ς')
-			} else {
-				b.WriteRune('σ')
-			}
-		default:
+		} else {
 			b.WriteRune(unicode.ToLower(r))
 		}
 	}
 	return b.String()
-}
-
-// finalSigma is Unicode's Final_Sigma condition as Rust implements it: a
-// cased letter before (skipping case-ignorable ones) and none after.
-func finalSigma(s string, i int) bool {
-	before := false
-	for j := i; j > 0; {
-		r, n := utf8.DecodeLastRuneInString(s[:j])
-		j -= n
-		if caseIgnorable(r) {
-			continue
-		}
-		before = cased(r)
-		break
-	}
-	if !before {
-		return false
-	}
-	for _, r := range s[i+len("Σ"):] {
-		if caseIgnorable(r) {
-			continue
-		}
-		return !cased(r)
-	}
-	return true
-}
-
-func cased(r rune) bool {
-	return unicode.IsUpper(r) || unicode.IsLower(r) || unicode.IsTitle(r) ||
-		unicode.Is(unicode.Other_Lowercase, r) || unicode.Is(unicode.Other_Uppercase, r)
-}
-
-func caseIgnorable(r rune) bool {
-	return unicode.In(r, unicode.Mn, unicode.Me, unicode.Cf, unicode.Lm, unicode.Sk) ||
-		r == '\'' || r == '.' || r == ':' || r == '^' || r == '`' || r == '·' || r == '\u2019'
 }
 
 type sequenceNorm []normalizer
