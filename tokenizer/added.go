@@ -1,7 +1,7 @@
 package tokenizer
 
 import (
-		"unicode"
+	"unicode"
 	"unicode/utf8"
 )
 
