@@ -219,9 +219,14 @@ func renderBody(req kvroute.TokenizeRequest) map[string]any {
 
 func chatFields(b map[string]any, req kvroute.TokenizeRequest) {
 	b["messages"] = req.Messages
-	gen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-	b["add_generation_prompt"] = gen
-	b["continue_final_message"] = req.ContinueFinalMessage
+	// Only what the client set: the replica applies its own defaults
+	// (and its own checks of the combination) as it would to the request.
+	if req.AddGenerationPrompt != nil {
+		b["add_generation_prompt"] = *req.AddGenerationPrompt
+	}
+	if req.ContinueFinalMessage {
+		b["continue_final_message"] = true
+	}
 	for name, v := range map[string]json.RawMessage{"tools": req.Tools, "documents": req.Documents, "chat_template_kwargs": req.ChatTemplateKwargs} {
 		if len(v) > 0 && string(v) != "null" {
 			b[name] = v
