@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
 	"slices"
 	"time"
 
@@ -47,11 +47,22 @@ type variant struct {
 	openai bool
 }
 
+// ErrNoTemplate is Load's answer for a model folder that defines no chat
+// template (base models, gpt-oss's and Llama 2's packages): its chats
+// cannot be rendered here.
+var ErrNoTemplate = errors.New("template: load: the model defines no chat template")
+
 // Load reads a model folder the way transformers does: tokenizer_config.json
 // for special tokens and its chat_template (a string, or a list of
 // {name, template}), overridden by a chat_template.jinja file beside it.
 func Load(dir string, opt Options) (*Template, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	return LoadFS(os.DirFS(dir), ".", opt)
+}
+
+// LoadFS is Load over a file system, for tokenizer files embedded in the
+// binary.
+func LoadFS(fsys fs.FS, dir string, opt Options) (*Template, error) {
+	raw, err := fs.ReadFile(fsys, path.Join(dir, "tokenizer_config.json"))
 	if err != nil {
 		return nil, fmt.Errorf("template: load: %w", err)
 	}
@@ -67,7 +78,7 @@ func Load(dir string, opt Options) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template: load: chat_template: %w", err)
 	}
-	jinjaFile, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja"))
+	jinjaFile, err := fs.ReadFile(fsys, path.Join(dir, "chat_template.jinja"))
 	switch {
 	case err == nil:
 		def, tool = string(jinjaFile), ""
@@ -78,7 +89,7 @@ func Load(dir string, opt Options) (*Template, error) {
 		def, tool = opt.ChatTemplate, ""
 	}
 	if def == "" {
-		return nil, errors.New("template: load: the model defines no chat template")
+		return nil, ErrNoTemplate
 	}
 	return build(def, tool, specials, opt)
 }
