@@ -3,6 +3,7 @@ package prompt
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/tokenizer"
@@ -87,4 +88,38 @@ func (m *Model) tokenize(req kvroute.TokenizeRequest) (Result, error) {
 		res.Tokens = ids[:len(ids)-1]
 	}
 	return res, nil
+}
+
+// DefaultCacheBytes is each local model's tokenization cache budget when
+// LoadModel is given none.
+const DefaultCacheBytes = 64 << 20
+
+// LoadModel loads a model's tokenizer.json (or tokenizer.json.gz) and the
+// chat template of its tokenizer_config.json from dir in fsys
+// (os.DirFS for a folder, an embed.FS for files shipped in the binary).
+// A folder without a chat template gives a Model without one. The
+// tokenizer is wrapped in a cache of cacheBytes (0: DefaultCacheBytes;
+// negative: no cache), so that a conversation's turn N costs only its new
+// text.
+func LoadModel(fsys fs.FS, dir string, cacheBytes int64, opt template.Options) (*Model, error) {
+	tok, err := tokenizer.LoadFS(fsys, dir)
+	if err != nil {
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	m := &Model{Encoder: tok}
+	if cacheBytes == 0 {
+		cacheBytes = DefaultCacheBytes
+	}
+	if cacheBytes > 0 {
+		m.Encoder = tokenizer.NewCache(tok, cacheBytes)
+	}
+	tmpl, err := template.LoadFS(fsys, dir, opt)
+	switch {
+	case err == nil:
+		m.Template = tmpl
+	case errors.Is(err, template.ErrNoTemplate):
+	default:
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	return m, nil
 }
