@@ -37,7 +37,7 @@ func BenchmarkEncode(b *testing.B) {
 // by turns 1 to 19, as a router sees the conversation.
 func BenchmarkEncodeTurn20(b *testing.B) {
 	tok := load(b, "qwen3")
-	turns := conversation(20, 5000)
+	turns := conversation(20, 6200)
 	sys, _ := tok.Encode(turns[0], false)
 	full := strings.Join(turns, "")
 	ids, _ := tok.Encode(full, false)
