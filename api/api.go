@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -77,6 +78,14 @@ type Config struct {
 	// Servers in one test binary do not collide.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+	// Prompts tokenizes text and chat prompts; nil means none can be,
+	// and their decisions are cache-blind (token ids still work).
+	Prompts Prompts
+	// NoTokenForwarding keeps a completion's text prompt as the client
+	// sent it. By default (false) a text prompt kvroute tokenized itself
+	// is forwarded as those ids, so the engine skips tokenizing and
+	// caches exactly the blocks kvroute keyed.
+	NoTokenForwarding bool
 	// Transport carries proxied requests to replicas, as
 	// httputil.ReverseProxy's does; nil means http.DefaultTransport. No
 	// overall timeout applies: a streamed generation may run for minutes.
@@ -91,6 +100,7 @@ type Server struct {
 	log     *slog.Logger
 	m       *metrics
 	handler http.Handler
+	prompts Prompts
 	proxy   http.RoundTripper
 	// proxyLog carries httputil.ReverseProxy's own messages (a stream
 	// cut mid-copy) to slog instead of the standard log package.
@@ -146,6 +156,11 @@ func New(cfg Config) (*Server, error) {
 	if s.proxy == nil {
 		s.proxy = http.DefaultTransport
 	}
+	if s.prompts = cfg.Prompts; s.prompts == nil {
+		if s.prompts, err = prompt.New(prompt.Config{}); err != nil {
+			return nil, fmt.Errorf("api: %w", err)
+		}
+	}
 	s.handler = s.routes()
 	return s, nil
 }
@@ -180,6 +195,7 @@ func (s *Server) routes() http.Handler {
 		r.Put("/v1/replicas/{id}", s.putReplica)
 		r.Delete("/v1/replicas/{id}", s.deleteReplica)
 	})
+	r.With(s.timeout).Get("/v1/models", s.listModels)
 	r.Post("/v1/completions", s.proxyOpenAI)
 	r.Post("/v1/chat/completions", s.proxyOpenAI)
 	return r

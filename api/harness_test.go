@@ -20,6 +20,7 @@ import (
 type harness struct {
 	store *mock.Memory
 	srv   *httptest.Server
+	rt    *router.Router
 }
 
 // option changes the API's config before the server starts, so that a
@@ -49,7 +50,13 @@ func newHarness(tb testing.TB, replicas []kvroute.Replica, opts ...option) *harn
 	}
 	srv := httptest.NewServer(h)
 	tb.Cleanup(srv.Close)
-	return &harness{store: mem, srv: srv}
+	return &harness{store: mem, srv: srv, rt: rt}
+}
+
+// keys are the block keys the router gives a prompt of model "m".
+func (h *harness) keys(tb testing.TB, ids []uint32) []kvroute.BlockKey {
+	tb.Helper()
+	return kvroute.BlockKeys(h.rt.KeySpace("m", ""), kvroute.DefaultBlockSize, ids, kvroute.RequestExtras(""))
 }
 
 // do sends a request and returns the status, headers and body.

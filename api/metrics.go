@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -17,6 +18,17 @@ type metrics struct {
 	latency   prometheus.Histogram
 	errors    *prometheus.CounterVec
 	matched   prometheus.Histogram
+	// tokenization counts decisions by where their ids came from, blind
+	// the cache-blind ones by reason.
+	tokenization *prometheus.CounterVec
+	blind        *prometheus.CounterVec
+	// Believed versus served, per replica: what the index promised of a
+	// proxied prompt and what the replica reported serving from cache.
+	believed   *prometheus.CounterVec
+	servedTok  *prometheus.CounterVec
+	compared   *prometheus.CounterVec
+	phantom    *prometheus.CounterVec
+	unreported *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -40,7 +52,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: prometheus.LinearBuckets(0, 0.1, 11),
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.latency, m.errors, m.matched} {
+	m.tokenization = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_decisions_by_tokenization_total",
+		Help: "Routing decisions by where the prompt's token ids came from: given, local, remote, or none (cache-blind).",
+	}, []string{"source"})
+	m.blind = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvroute_decisions_cache_blind_total",
+		Help: "Routing decisions made without the prompt's token ids (on load alone), by reason.",
+	}, []string{"reason"})
+	perReplica := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"replica"})
+	}
+	m.believed = perReplica("kvroute_cached_tokens_believed_total", "Prompt tokens the index said the chosen replica held, for proxied responses that reported cached tokens.")
+	m.servedTok = perReplica("kvroute_cached_tokens_served_total", "Prompt tokens the replica reported serving from its prefix cache (usage.prompt_tokens_details.cached_tokens).")
+	m.compared = perReplica("kvroute_cache_compared_total", "Proxied responses whose cached-token count was compared with the index's belief.")
+	m.phantom = perReplica("kvroute_cache_phantom_total", "Compared responses where the replica served fewer cached tokens than the index believed (a stale index); divide by kvroute_cache_compared_total for the phantom rate.")
+	m.unreported = perReplica("kvroute_cache_unreported_total", "Proxied responses without a cached-token count (run vLLM with --enable-prompt-tokens-details).")
+	for _, c := range []prometheus.Collector{m.decisions, m.latency, m.errors, m.matched, m.tokenization, m.blind,
+		m.believed, m.servedTok, m.compared, m.phantom, m.unreported} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -48,10 +77,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) observe(d router.Decision, took time.Duration) {
+func (m *metrics) observe(d router.Decision, p prompt.Result, took time.Duration) {
 	m.decisions.WithLabelValues(string(d.Policy), strconv.FormatBool(d.Degraded)).Inc()
+	m.tokenization.WithLabelValues(string(p.Source)).Inc()
+	if p.Blind != "" {
+		m.blind.WithLabelValues(p.Blind).Inc()
+	}
 	m.latency.Observe(took.Seconds())
 	if d.PromptBlocks > 0 {
 		m.matched.Observe(float64(min(d.Matched, d.PromptBlocks)) / float64(d.PromptBlocks))
+	}
+}
+
+// served records a proxied response's cached tokens against the belief.
+func (m *metrics) served(replica string, believed int, u usage) {
+	if !u.Reported {
+		m.unreported.WithLabelValues(replica).Inc()
+		return
+	}
+	m.compared.WithLabelValues(replica).Inc()
+	m.believed.WithLabelValues(replica).Add(float64(believed))
+	m.servedTok.WithLabelValues(replica).Add(float64(u.Cached))
+	if believed > u.Cached {
+		m.phantom.WithLabelValues(replica).Inc()
 	}
 }

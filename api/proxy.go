@@ -10,21 +10,24 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
 
-// Degraded reasons reported in HeaderDegradedReason, comma-separated.
+// Degraded reasons reported in HeaderDegradedReason, comma-separated,
+// besides the front door's cache-blind reasons (prompt.Blind*).
 const (
-	// ReasonNoTokenizer: the prompt was text or chat messages, which
-	// kvroute cannot tokenize yet, so the decision was cache-blind (it
-	// still weighs load).
-	ReasonNoTokenizer = "no-tokenizer"
 	// ReasonStoreUnavailable: the state store was bypassed.
 	ReasonStoreUnavailable = "store-unavailable"
+	// ReasonNoTokenizer: the prompt was text or chat for a model nobody
+	// can tokenize, so the decision was cache-blind (it still weighs
+	// load).
+	ReasonNoTokenizer = prompt.BlindNoTokenizer
 )
 
 // progressTimeout bounds the store calls that report a proxied request's
@@ -32,58 +35,84 @@ const (
 // client hanging up is exactly when the booking must still be released.
 const progressTimeout = 2 * time.Second
 
-// openAIRequest holds the few fields of an OpenAI completion or chat body
-// that routing needs. Decoding is lenient: the body is forwarded untouched,
-// and every other field is the replica's business.
+// openAIRequest holds the fields of an OpenAI completion or chat body that
+// routing reads. Decoding is lenient: every other field is the replica's
+// business, and the body is forwarded as sent (but for the rewrites
+// forwardBody makes).
 type openAIRequest struct {
-	Model  string          `json:"model"`
-	Prompt json.RawMessage `json:"prompt"`
-	// TokenIDs lets chat clients that tokenize themselves get cache-aware
+	Model        string          `json:"model"`
+	Prompt       json.RawMessage `json:"prompt"`
+	PromptEmbeds json.RawMessage `json:"prompt_embeds"`
+	chatFields
+	// TokenIDs lets clients that tokenize themselves get cache-aware
 	// routing; vLLM ignores the unknown field.
-	TokenIDs            tokenIDs `json:"token_ids"`
-	MaxTokens           *int     `json:"max_tokens"`
-	MaxCompletionTokens *int     `json:"max_completion_tokens"`
-	CacheSalt           string   `json:"cache_salt"`
+	TokenIDs            tokenIDs        `json:"token_ids"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	CacheSalt           string          `json:"cache_salt"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
 }
 
-// tokens returns the prompt's token ids and whether the body carried any.
-// A text prompt or chat messages carry none until the tokenizer ships.
-func (o *openAIRequest) tokens() ([]uint32, bool, error) {
-	if o.TokenIDs != nil {
-		return o.TokenIDs, true, nil
+// input is the body's prompt for the front door. text is the single text
+// prompt of a completion, the one case whose ids may be forwarded.
+func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error) {
+	switch {
+	case o.TokenIDs != nil:
+		in.TokenIDs, in.HasTokenIDs = o.TokenIDs, true
+		return in, false, nil
+	case chat:
+		if !present(o.Messages) {
+			return in, false, &kvroute.FieldError{Field: "messages", Msg: "is required"}
+		}
+		in.Request, err = o.chatFields.request(o.Model)
+		return in, false, err
+	case present(o.PromptEmbeds):
+		in.PromptEmbeds = true
+		return in, false, nil
 	}
 	raw := trimSpace(o.Prompt)
+	if len(raw) == 0 || string(raw) == "null" {
+		return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is required"}
+	}
+	batch := false
 	// A batch of prompts goes to one replica; its first prompt decides.
-	if len(raw) > 0 && raw[0] == '[' {
-		if inner := trimSpace(raw[1:]); len(inner) > 0 && inner[0] == '[' {
-			var batch []json.RawMessage
-			if err := json.Unmarshal(raw, &batch); err != nil {
-				return nil, false, jsonError(err)
+	if raw[0] == '[' {
+		if inner := trimSpace(raw[1:]); len(inner) > 0 && (inner[0] == '[' || inner[0] == '"') {
+			var list []json.RawMessage
+			if err := json.Unmarshal(raw, &list); err != nil {
+				return in, false, jsonError(err)
 			}
-			raw = trimSpace(batch[0])
+			if len(list) == 0 {
+				return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is an empty list"}
+			}
+			raw, batch = trimSpace(list[0]), len(list) > 1
 		}
 	}
-	if len(raw) == 0 || raw[0] != '[' {
-		return nil, false, nil
-	}
-	if inner := trimSpace(raw[1:]); len(inner) > 0 && inner[0] == '"' {
-		return nil, false, nil // a list of text prompts
+	if len(raw) > 0 && raw[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return in, false, &kvroute.FieldError{Field: "prompt", Msg: "must be a string, a list of strings, or token ids"}
+		}
+		in.Request = kvroute.TokenizeRequest{Model: o.Model, Prompt: &s, AddSpecialTokens: o.AddSpecialTokens}
+		return in, !batch, nil
 	}
 	var ids tokenIDs
 	if err := ids.UnmarshalJSON(raw); err != nil {
 		var fe *kvroute.FieldError
 		if errors.As(err, &fe) {
-			return nil, false, &kvroute.FieldError{Field: "prompt", Msg: fe.Msg}
+			return in, false, &kvroute.FieldError{Field: "prompt", Msg: fe.Msg}
 		}
-		return nil, false, err
+		return in, false, err
 	}
-	return ids, true, nil
+	in.TokenIDs, in.HasTokenIDs = ids, true
+	return in, false, nil
 }
 
 // proxyOpenAI serves POST /v1/completions and /v1/chat/completions: it
-// decides like /v1/route, then forwards the original body to the chosen
-// replica and reports the request's progress itself, so that OpenAI
-// clients get cache-aware routing without knowing kvroute exists.
+// tokenizes and decides like /v1/route, then forwards the body to the
+// chosen replica and reports the request's progress itself, so that
+// OpenAI clients get cache-aware routing without knowing kvroute exists.
 func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 	body, err := s.readBody(w, r)
 	if err != nil {
@@ -95,20 +124,17 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, jsonError(err))
 		return
 	}
-	tokens, known, err := oa.tokens()
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
 	if oa.Model == "" {
 		s.writeError(w, r, &kvroute.FieldError{Field: "model", Msg: "is required"})
 		return
 	}
-	if len(tokens) > s.cfg.MaxTokens {
-		s.writeError(w, r, &kvroute.FieldError{Field: "prompt", Msg: fmt.Sprintf("has %d token ids, more than the limit of %d", len(tokens), s.cfg.MaxTokens)})
+	chat := r.URL.Path == "/v1/chat/completions"
+	in, text, err := oa.input(chat)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	req := router.Request{Model: oa.Model, Tokens: tokens, SessionID: r.Header.Get(HeaderSessionID), CacheSalt: oa.CacheSalt}
+	req := router.Request{Model: oa.Model, SessionID: r.Header.Get(HeaderSessionID), CacheSalt: oa.CacheSalt}
 	for _, mt := range []*int{oa.MaxCompletionTokens, oa.MaxTokens} {
 		if mt != nil && *mt > 0 {
 			req.MaxTokens = *mt
@@ -117,7 +143,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
-	d, err := s.decide(r.WithContext(ctx), req)
+	d, err := s.decide(ctx, in, req)
 	cancel()
 	if err != nil {
 		s.writeError(w, r, err)
@@ -130,15 +156,17 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("%w: replica %s has an unusable url %q", errUpstream, d.Replica.ID, d.Replica.URL))
 		return
 	}
-
-	if known {
-		setDecisionHeaders(w.Header(), d)
-	} else {
-		setDecisionHeaders(w.Header(), d, ReasonNoTokenizer)
+	fw, err := s.forwardBody(body, &oa, d, text)
+	if err != nil {
+		t.release()
+		s.writeError(w, r, err)
+		return
 	}
+	setDecisionHeaders(w.Header(), d)
 
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
+	r.Body = io.NopCloser(bytes.NewReader(fw.body))
+	r.ContentLength = int64(len(fw.body))
+	believed := believedCached(d)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -150,7 +178,16 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		// as the replica produces them.
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
-			resp.Body = &progressBody{ReadCloser: resp.Body, t: t, ok: resp.StatusCode < 300}
+			ok := resp.StatusCode < 300
+			var src io.ReadCloser = resp.Body
+			if ok {
+				sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+				src = newUsageTap(resp.Body, sse, fw.stripUsage, func(u usage) { s.m.served(d.Replica.ID, believed, u) })
+				if fw.stripUsage {
+					resp.Header.Del("Content-Length")
+				}
+			}
+			resp.Body = &progressBody{ReadCloser: src, t: t, ok: ok}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -164,6 +201,62 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// forwarded is the body sent to the replica and what was changed in it.
+type forwarded struct {
+	body []byte
+	// stripUsage is true when kvroute asked a stream for its usage chunk
+	// (to compare cached tokens) and the client did not: the chunk is
+	// removed from what the client receives.
+	stripUsage bool
+}
+
+// forwardBody is the body the replica gets: the client's, with two
+// rewrites. A completion's text prompt that kvroute tokenized itself goes
+// as the ids it keyed (vLLM takes a token-id prompt), so the engine does
+// not tokenize again and caches exactly the blocks kvroute keyed. And a
+// stream asks for its usage chunk, which carries the cached-token count
+// that believed-versus-served compares.
+func (s *Server) forwardBody(body []byte, oa *openAIRequest, d keyed, text bool) (forwarded, error) {
+	fw := forwarded{body: body}
+	edits := map[string]any{}
+	if text && !s.cfg.NoTokenForwarding && d.prompt.Source == prompt.SourceLocal && d.prompt.Partial == "" {
+		edits["prompt"] = d.prompt.Tokens
+	}
+	if oa.Stream {
+		opts := map[string]json.RawMessage{}
+		if present(oa.StreamOptions) {
+			if err := json.Unmarshal(oa.StreamOptions, &opts); err != nil {
+				return fw, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"}
+			}
+		}
+		if string(opts["include_usage"]) != "true" {
+			opts["include_usage"] = json.RawMessage("true")
+			edits["stream_options"] = opts
+			fw.stripUsage = true
+		}
+	}
+	if len(edits) == 0 {
+		return fw, nil
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return fw, jsonError(err)
+	}
+	for k, v := range edits {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return fw, fmt.Errorf("api: forward: %w", err)
+		}
+		top[k] = raw
+	}
+	out, err := json.Marshal(top)
+	if err != nil {
+		return fw, fmt.Errorf("api: forward: %w", err)
+	}
+	fw.body = out
+	return fw, nil
 }
 
 // tracker reports one proxied request's progress to the router. Release
@@ -210,7 +303,9 @@ func (b *progressBody) Read(p []byte) (int, error) {
 	if n > 0 && !b.seen {
 		b.seen = true
 		if b.ok {
-			b.t.firstToken()
+			// Off the stream's path: the client's first byte must not
+			// wait for a store round trip.
+			go b.t.firstToken()
 		}
 	}
 	if err != nil {

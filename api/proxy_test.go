@@ -94,10 +94,11 @@ func TestProxyStreaming(t *testing.T) {
 			t.Errorf("degraded reason %q for a token prompt", got)
 		}
 	})
-	t.Run("original body forwarded", func(t *testing.T) {
+	t.Run("body forwarded, asking for the usage chunk", func(t *testing.T) {
 		got := up.received(t)
-		if got.path != "/v1/completions" || got.body != body {
-			t.Errorf("upstream got %s %q, want /v1/completions and the original body", got.path, got.body)
+		want := `{"max_tokens":32,"model":"m","prompt":` + tokenJSON(0, 64) + `,"stream":true,"stream_options":{"include_usage":true}}`
+		if got.path != "/v1/completions" || got.body != want {
+			t.Errorf("upstream got %s %q, want /v1/completions and %q", got.path, got.body, want)
 		}
 	})
 	t.Run("lease sized by the prompt", func(t *testing.T) {

@@ -1,7 +1,7 @@
 package api
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +12,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -23,28 +24,32 @@ const (
 	HeaderRequestID      = "X-Kvroute-Request-Id"
 	HeaderReplica        = "X-Kvroute-Replica"
 	HeaderDegradedReason = "X-Kvroute-Degraded-Reason"
+	// HeaderTokenization says where the prompt's ids came from (given,
+	// local, remote, none), as RouteResponse.Tokenization does.
+	HeaderTokenization = "X-Kvroute-Tokenization"
 )
 
 // DefaultRedirectPath is appended to the replica URL of a 307 redirect when
 // the client names no ?path=.
 const DefaultRedirectPath = "/v1/completions"
 
-// RouteRequest is the body of POST /v1/route.
+// RouteRequest is the body of POST /v1/route. The prompt comes in exactly
+// one of three forms: token ids, a text prompt (tokenized as vLLM's
+// /v1/completions would), or chat messages with their options (rendered
+// and tokenized as its /v1/chat/completions would).
 type RouteRequest struct {
-	Model     string   `json:"model"`
-	TokenIDs  tokenIDs `json:"token_ids"`
-	SessionID string   `json:"session_id,omitempty"`
-	CacheSalt string   `json:"cache_salt,omitempty"`
-	LoRA      string   `json:"lora,omitempty"`
+	Model    string   `json:"model"`
+	TokenIDs tokenIDs `json:"token_ids"`
+	Prompt   *string  `json:"prompt,omitempty"`
+	chatFields
+	SessionID string `json:"session_id,omitempty"`
+	CacheSalt string `json:"cache_salt,omitempty"`
+	LoRA      string `json:"lora,omitempty"`
 	// MaxTokens is the expected output length; it sizes the lease.
 	MaxTokens *int   `json:"max_tokens,omitempty"`
 	Policy    string `json:"policy,omitempty"`
 	// Explain asks for every candidate's score in the answer.
 	Explain bool `json:"explain,omitempty"`
-	// Prompt and Messages are recognised only to say that token ids are
-	// required: rejecting them as unknown fields would hide why.
-	Prompt   json.RawMessage `json:"prompt,omitempty"`
-	Messages json.RawMessage `json:"messages,omitempty"`
 }
 
 // ReplicaRef is where a decision sends the request.
@@ -70,7 +75,16 @@ type RouteResponse struct {
 	Reason   string `json:"reason,omitempty"`
 	// ExpiresAt is when the booked load is released if the client never
 	// reports the request's end. Degraded decisions book nothing.
-	ExpiresAt  time.Time       `json:"expires_at,omitzero"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// Tokenization says where the prompt's token ids came from: given,
+	// local, remote, or none (then CacheBlind says why, and the decision
+	// weighed load alone). PromptTokens is the prompt's length in tokens.
+	Tokenization string `json:"tokenization"`
+	PromptTokens int    `json:"prompt_tokens"`
+	CacheBlind   string `json:"cache_blind,omitempty"`
+	// Partial says why only a prefix of the prompt was keyed
+	// ("multimodal": the text before the first media part).
+	Partial    string          `json:"partial,omitempty"`
 	Candidates []scoring.Score `json:"candidates,omitempty"`
 }
 
@@ -91,7 +105,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req, err := s.routeRequest(body, r.Header.Get(HeaderSessionID))
+	req, in, err := s.routeRequest(body, r.Header.Get(HeaderSessionID))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -105,7 +119,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &kvroute.FieldError{Field: "path", Msg: "must start with /"})
 		return
 	}
-	d, err := s.decide(r, req)
+	d, err := s.decide(r.Context(), in, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -115,6 +129,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		MatchedBlocks: d.Matched, Approximate: d.Approximate, PromptBlocks: d.PromptBlocks,
 		BlockSize: d.BlockSize, Policy: string(d.Policy), Mode: d.Mode,
 		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
+		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
+		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial,
 	}
 	if body.Explain {
 		resp.Candidates = d.Candidates
@@ -129,62 +145,80 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 }
 
 // routeRequest validates a decoded body and turns it into the router's
-// question. The session header is a fallback: the body is more specific.
-func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Request, error) {
-	if b.TokenIDs == nil && (len(b.Prompt) > 0 || len(b.Messages) > 0) {
-		return router.Request{}, &kvroute.FieldError{Field: "token_ids", Msg: "are required: prompt and messages are not accepted until the tokenizer ships; send the prompt's token ids"}
-	}
+// question and the prompt to tokenize. The session header is a fallback:
+// the body is more specific.
+func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Request, prompt.Input, error) {
+	var in prompt.Input
 	if b.Model == "" {
-		return router.Request{}, &kvroute.FieldError{Field: "model", Msg: "is required"}
+		return router.Request{}, in, &kvroute.FieldError{Field: "model", Msg: "is required"}
 	}
-	if len(b.TokenIDs) > s.cfg.MaxTokens {
-		return router.Request{}, &kvroute.FieldError{Field: "token_ids", Msg: fmt.Sprintf("has %d ids, more than the limit of %d", len(b.TokenIDs), s.cfg.MaxTokens)}
+	forms := 0
+	for _, given := range []bool{b.TokenIDs != nil, b.Prompt != nil, present(b.Messages)} {
+		if given {
+			forms++
+		}
 	}
-	req := router.Request{
-		Model: b.Model, Tokens: b.TokenIDs, SessionID: b.SessionID,
-		CacheSalt: b.CacheSalt, LoRA: b.LoRA,
+	switch {
+	case forms == 0:
+		return router.Request{}, in, &kvroute.FieldError{Field: tokenField, Msg: "is required: give the prompt as token_ids, prompt (text) or messages (chat)"}
+	case forms > 1:
+		return router.Request{}, in, &kvroute.FieldError{Field: tokenField, Msg: "conflicts: give exactly one of token_ids, prompt and messages"}
+	case b.TokenIDs != nil:
+		if len(b.TokenIDs) > s.cfg.MaxTokens {
+			return router.Request{}, in, &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("has %d ids, more than the limit of %d", len(b.TokenIDs), s.cfg.MaxTokens)}
+		}
+		in.TokenIDs, in.HasTokenIDs = b.TokenIDs, true
+	case b.Prompt != nil:
+		in.Request = kvroute.TokenizeRequest{Model: b.Model, Prompt: b.Prompt, AddSpecialTokens: b.AddSpecialTokens}
+	default:
+		tr, err := b.chatFields.request(b.Model)
+		if err != nil {
+			return router.Request{}, in, err
+		}
+		in.Request = tr
 	}
+	req := router.Request{Model: b.Model, SessionID: b.SessionID, CacheSalt: b.CacheSalt, LoRA: b.LoRA}
 	if req.SessionID == "" {
 		req.SessionID = sessionHeader
 	}
 	if b.MaxTokens != nil {
 		if *b.MaxTokens < 0 {
-			return router.Request{}, &kvroute.FieldError{Field: "max_tokens", Msg: "must be >= 0"}
+			return router.Request{}, in, &kvroute.FieldError{Field: "max_tokens", Msg: "must be >= 0"}
 		}
 		req.MaxTokens = *b.MaxTokens
 	}
 	if b.Policy != "" {
 		p, err := scoring.ParsePolicy(b.Policy)
 		if err != nil {
-			return router.Request{}, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
+			return router.Request{}, in, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
 		}
 		req.Policy = p
 	}
-	return req, nil
+	return req, in, nil
 }
 
-// decide asks the router and records the decision's metrics. An unknown
-// model gets its own error code: to a client it is a different mistake
-// from an unknown replica id.
-func (s *Server) decide(r *http.Request, req router.Request) (router.Decision, error) {
-	start := time.Now()
-	d, err := s.rt.Route(r.Context(), req)
-	if err != nil {
-		if errors.Is(err, kvroute.ErrNotFound) {
-			err = withCode(CodeModelNotFound, err)
-		}
-		return d, err
+// decide tokenizes the prompt, asks the router and records the decision's
+// metrics. An unknown model gets its own error code: to a client it is a
+// different mistake from an unknown replica id.
+func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request) (keyed, error) {
+	k, err := s.decideKeyed(ctx, in, req)
+	if errors.Is(err, kvroute.ErrNotFound) {
+		err = withCode(CodeModelNotFound, err)
 	}
-	s.m.observe(d, time.Since(start))
-	return d, nil
+	return k, err
 }
 
 // setDecisionHeaders puts the decision where redirected and proxied
 // clients can see it without parsing a body. reasons are degradations the
 // caller knows of besides the router's own.
-func setDecisionHeaders(h http.Header, d router.Decision, reasons ...string) {
+func setDecisionHeaders(h http.Header, d keyed) {
 	h.Set(HeaderRequestID, d.RequestID)
 	h.Set(HeaderReplica, d.Replica.ID)
+	h.Set(HeaderTokenization, string(d.prompt.Source))
+	var reasons []string
+	if d.prompt.Blind != "" {
+		reasons = append(reasons, d.prompt.Blind)
+	}
 	if d.Degraded {
 		reasons = append(reasons, ReasonStoreUnavailable)
 	}
