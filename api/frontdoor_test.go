@@ -33,7 +33,10 @@ func (byteEncoder) Encode(text string, special bool) ([]uint32, error) {
 	return ids, nil
 }
 
-func encodeBytes(s string, special bool) []uint32 { ids, _ := byteEncoder{}.Encode(s, special); return ids }
+func encodeBytes(s string, special bool) []uint32 {
+	ids, _ := byteEncoder{}.Encode(s, special)
+	return ids
+}
 
 // chatTemplate is a small real template: role markers, then the content.
 const chatTemplate = `{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('roles must be user or assistant') }}{% endif %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}`
