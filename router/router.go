@@ -341,6 +341,24 @@ func (r *Router) Release(ctx context.Context, requestID string) (bool, error) {
 	return ok, nil
 }
 
+// Fleet is the routable replicas of model, from the registry as this pod
+// last read it (at most RegistryTTL old, or the last copy while the store
+// is unreachable): what a component that must reach one of the model's
+// replicas, such as the remote tokenizer, asks without a store round trip.
+func (r *Router) Fleet(ctx context.Context, model string) ([]kvroute.Replica, error) {
+	replicas, _, err := r.replicas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []kvroute.Replica
+	for _, rep := range replicas {
+		if rep.Model == model && rep.Routable() {
+			out = append(out, rep)
+		}
+	}
+	return out, nil
+}
+
 // Invalidate drops the cached registry, after a write through this pod.
 func (r *Router) Invalidate() { r.cached.invalidate() }
 

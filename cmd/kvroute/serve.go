@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenizer/qwen3"
 )
 
 // envPrefix names every flag's environment variable: --overlap-credit is
@@ -46,6 +48,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if lc.demoReplicas > 0 {
 		cfg.Tasks = append(cfg.Tasks, app.DemoReplicas(lc.demoReplicas, stdout))
+		if _, ok := cfg.Tokenizers.Dirs[app.DemoModel]; !ok {
+			// The demo replicas tokenize with the Qwen3 files shipped in
+			// the binary; so does kvroute, so chat is cache-aware with
+			// no setup and no network.
+			cfg.Tokenizers.FS = map[string]fs.FS{app.DemoModel: qwen3.FS}
+		}
 	}
 	return app.Run(ctx, cfg)
 }
@@ -83,6 +91,14 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", api.DefaultMaxTokens, "most token ids in one request")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", api.DefaultTimeout, "deadline of a decision or admin request (proxied streams have none)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight requests may drain on SIGTERM")
+	dirs := modelDirs{}
+	tokForward, tokRemote := true, true
+	fs.Var(dirs, "tokenizer", "`MODEL=DIR`: tokenize MODEL's text and chat prompts in process from DIR's tokenizer.json and tokenizer_config.json (repeatable, or comma-separated; DIR \"remote\": its replicas tokenize); a model not listed is tokenized by its replicas")
+	fs.BoolVar(&tokRemote, "tokenizer-remote", true, "tokenize the prompts of models without local files on one of their replicas (vLLM's /tokenize); false routes them cache-blind")
+	fs.DurationVar(&cfg.Tokenizers.RemoteTimeout, "tokenizer-timeout", 2*time.Second, "deadline of one remote tokenization")
+	fs.Float64Var(&cfg.Tokenizers.ShadowRate, "tokenizer-shadow-rate", 0, "fraction (0..1) of locally tokenized prompts also tokenized by a replica and compared; mismatches are counted and logged")
+	fs.Int64Var(&cfg.Tokenizers.CacheBytes, "tokenizer-cache-bytes", 64<<20, "tokenization cache per local model, in bytes (multi-turn prompts cost only their new text); negative disables it")
+	fs.BoolVar(&tokForward, "token-forwarding", true, "forward a completion's text prompt to the replica as the token ids kvroute computed, so the engine does not tokenize again")
 	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
@@ -116,9 +132,47 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	if rc.BlockSize <= 0 {
 		return cfg, lc, usageError{fmt.Errorf("--block-size must be positive, got %d", rc.BlockSize)}
 	}
+	if r := cfg.Tokenizers.ShadowRate; !(r >= 0 && r <= 1) {
+		return cfg, lc, usageError{fmt.Errorf("--tokenizer-shadow-rate must be in 0..1, got %v", r)}
+	}
+	if cfg.Tokenizers.ShadowRate > 0 && !tokRemote {
+		return cfg, lc, usageError{errors.New("--tokenizer-shadow-rate compares with remote tokenization, which --tokenizer-remote=false turns off")}
+	}
+	if len(dirs) > 0 {
+		cfg.Tokenizers.Dirs = dirs
+	}
+	cfg.Tokenizers.NoRemote, cfg.Tokenizers.NoTokenForwarding = !tokRemote, !tokForward
 	rc.Scoring = sc
 	cfg.Router = rc
 	return cfg, lc, nil
+}
+
+// modelDirs is the --tokenizer flag: MODEL=DIR pairs, repeatable or
+// comma-separated (the environment variable's form). DIR "remote" names
+// the default explicitly and records nothing.
+type modelDirs map[string]string
+
+func (m modelDirs) String() string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (m modelDirs) Set(v string) error {
+	for _, pair := range strings.Split(v, ",") {
+		model, dir, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || model == "" || dir == "" {
+			return fmt.Errorf("want MODEL=DIR, got %q", pair)
+		}
+		if dir == "remote" {
+			delete(m, model)
+			continue
+		}
+		m[model] = dir
+	}
+	return nil
 }
 
 // applyEnv sets every flag that the command line did not set from its

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 )
@@ -43,6 +44,8 @@ type Config struct {
 	// ReplicasFile, when set, is a JSON array of kvroute.Replica written
 	// to the registry at start (replacing entries with the same ids).
 	ReplicasFile string
+	// Tokenizers says where text and chat prompts are tokenized.
+	Tokenizers Tokenizers
 	// MaxBodyBytes, MaxTokens and RequestTimeout are the API's limits;
 	// zero values get api's defaults.
 	MaxBodyBytes   int64
@@ -83,6 +86,7 @@ type App struct {
 	Router   *router.Router
 	Registry *prometheus.Registry
 	API      *api.Server
+	Prompts  *prompt.Resolver
 
 	srv      *http.Server
 	ln       net.Listener
@@ -146,16 +150,21 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if a.Prompts, err = a.buildPrompts(cfg.Tokenizers); err != nil {
+		return nil, err
+	}
 	a.API, err = api.New(api.Config{
-		Router:       a.Router,
-		Registry:     a.Store,
-		Ready:        a.ready,
-		Logger:       a.log,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		MaxTokens:    cfg.MaxTokens,
-		Timeout:      cfg.RequestTimeout,
-		Registerer:   a.Registry,
-		Gatherer:     a.Registry,
+		Router:            a.Router,
+		Registry:          a.Store,
+		Prompts:           a.Prompts,
+		NoTokenForwarding: cfg.Tokenizers.NoTokenForwarding,
+		Ready:             a.ready,
+		Logger:            a.log,
+		MaxBodyBytes:      cfg.MaxBodyBytes,
+		MaxTokens:         cfg.MaxTokens,
+		Timeout:           cfg.RequestTimeout,
+		Registerer:        a.Registry,
+		Gatherer:          a.Registry,
 	})
 	if err != nil {
 		return nil, err
@@ -265,6 +274,9 @@ func (a *App) Stop() error {
 		a.interrupt()
 		<-a.done
 		err = a.runErr
+	}
+	if a.Prompts != nil {
+		a.Prompts.Close()
 	}
 	if a.Store != nil {
 		_ = a.Store.Close()
