@@ -33,6 +33,9 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"ingest":  runIngest,
 	"sim":     runSim,
 	"version": runVersion,
+	"tokenize": func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+		return runTokenize(ctx, args, os.Stdin, stdout, stderr)
+	},
 }
 
 const usage = `kvroute: KV-cache-aware request routing for vLLM fleets.
@@ -42,6 +45,8 @@ Usage:
                             (no --redis-url: embedded Redis, all in one process)
   kvroute ingest  [flags]   follow replicas' KV cache events into Redis
   kvroute sim     [flags]   replay a trace against engine models, compare policies
+  kvroute tokenize --tokenizer DIR [--add-special-tokens] [--chat] [--jsonl] [TEXT]
+                            print the token ids kvroute computes (compare with your engine)
   kvroute version           print the version
   kvroute help              this text
 
