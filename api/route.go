@@ -27,6 +27,9 @@ const (
 	// HeaderTokenization says where the prompt's ids came from (given,
 	// local, remote, none), as RouteResponse.Tokenization does.
 	HeaderTokenization = "X-Kvroute-Tokenization"
+	// HeaderMatchedBlocks is RouteResponse.MatchedBlocks, for proxied
+	// clients: how many of the prompt's blocks the chosen replica holds.
+	HeaderMatchedBlocks = "X-Kvroute-Matched-Blocks"
 )
 
 // DefaultRedirectPath is appended to the replica URL of a 307 redirect when
@@ -215,6 +218,7 @@ func setDecisionHeaders(h http.Header, d keyed) {
 	h.Set(HeaderRequestID, d.RequestID)
 	h.Set(HeaderReplica, d.Replica.ID)
 	h.Set(HeaderTokenization, string(d.prompt.Source))
+	h.Set(HeaderMatchedBlocks, strconv.Itoa(d.Matched))
 	var reasons []string
 	if d.prompt.Blind != "" {
 		reasons = append(reasons, d.prompt.Blind)
