@@ -19,7 +19,7 @@ bench:
 
 ## fuzz: the event decoder fuzz target, bounded
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ingestor
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ingestor/kvevents
 
 build:
 	$(GO) build -o bin/kvroute ./cmd/kvroute

@@ -34,9 +34,9 @@ go test -race -count=1 -timeout 10m ./router ./api ./ingestor ./internal/app ./t
   | grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' || rstatus=$?
 if [ "$rstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fstatus=0
-if [ -d ingestor ] && grep -q 'func FuzzDecode' ingestor/*_test.go 2>/dev/null; then
+if [ -d ingestor/kvevents ] && grep -q 'func FuzzDecode' ingestor/kvevents/*_test.go 2>/dev/null; then
   echo "== fuzz FuzzDecode (bounded)"
-  go test -run '^$' -fuzz FuzzDecode -fuzztime "${FUZZTIME:-20s}" ./ingestor 2>&1 | tail -3 || fstatus=$?
+  go test -run '^$' -fuzz FuzzDecode -fuzztime "${FUZZTIME:-20s}" ./ingestor/kvevents 2>&1 | tail -3 || fstatus=$?
   if [ "$fstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fi
 
