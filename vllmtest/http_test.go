@@ -137,6 +137,38 @@ func TestCachedTokens(t *testing.T) {
 	})
 }
 
+// TestCachedTokensLastTokenRecomputed checks vLLM v1's rule: the prompt's
+// last token is always computed (its logits sample the first output
+// token), so a hit never covers it and at most floor((n-1)/bs) blocks are
+// served from the cache.
+func TestCachedTokensLastTokenRecomputed(t *testing.T) {
+	const bs, k = 16, 3
+	cases := []struct {
+		name   string
+		prompt []int
+		want   int
+	}{
+		{"exactly k full blocks serves k-1", seqTokens(1, k*bs), (k - 1) * bs},
+		{"k blocks and one token serves k", seqTokens(1000, k*bs+1), k * bs},
+		{"one full block serves none", seqTokens(2000, bs), 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := start(t, vllmtest.Config{BlockSize: bs})
+			for i, want := range []int{0, tc.want} {
+				var u usageAnswer
+				post(t, r.URL()+"/v1/completions", map[string]any{"prompt": tc.prompt, "max_tokens": 1}, &u)
+				if got := u.Usage.PromptTokensDetails.CachedTokens; got != want {
+					t.Errorf("request %d: cached_tokens = %d, want %d", i+1, got, want)
+				}
+			}
+			if got, want := r.Contains(tc.prompt, ""), len(tc.prompt)/bs; got != want {
+				t.Errorf("Contains = %d blocks, want %d: every full block is still cached", got, want)
+			}
+		})
+	}
+}
+
 func TestChatStream(t *testing.T) {
 	r := start(t, vllmtest.Config{})
 	b, _ := json.Marshal(map[string]any{"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "text", "text": "hi"}}}}, "stream": true, "max_tokens": 3})

@@ -98,15 +98,37 @@ func (r *Replica) BlockHashes(tokens []int, cacheSalt string) ([]uint64, error) 
 
 // Admit runs the cache side of a request without HTTP: it matches tokens
 // against the cache, stores the new full blocks (publishing the batch) and
-// returns the cached token count the request would report.
+// returns the cached token count the request would report, which as in
+// vLLM never covers the prompt's last token (see servedBlocks).
 func (r *Replica) Admit(tokens []int, cacheSalt string) (cachedTokens int, err error) {
 	return r.admit(tokens, "", cacheSalt)
+}
+
+// servedBlocks is how many of a prompt's hits leading cached blocks vLLM
+// v1 serves from its cache: the engine must compute at least the prompt's
+// last token, whose logits sample the first output token, so
+// KVCacheManager.get_computed_blocks looks for a hit of at most n-1
+// tokens, that is floor((n-1)/blockSize) blocks. A prompt of exactly k
+// full cached blocks is therefore served k-1 of them, and recomputes the
+// last one. kvroute's router counts its believed cached tokens by the same
+// rule, so the simulation must follow it for believed to equal served.
+func servedBlocks(hits, n, blockSize int) int {
+	if n == 0 {
+		return 0
+	}
+	return min(hits, (n-1)/blockSize)
 }
 
 // admit is the scheduler step of one request: find the longest cached
 // prefix, then cache the prompt's full blocks, evicting the least recently
 // used blocks as needed, and publish one batch with the removals followed
-// by the store, in the order vLLM's block pool emits them.
+// by the store, in the order vLLM's block pool emits them. The cached
+// token count it returns, and the prefix_cache_hits it counts, follow
+// servedBlocks. The cache and its events use every matched block: vLLM
+// computes a recomputed last block into a fresh physical block and caches
+// it again under the same hash, while the simulation keeps one block per
+// hash and publishes no second BlockStored for it, a difference an index
+// keyed by hash cannot see.
 func (r *Replica) admit(tokens []int, lora, salt string) (cachedTokens int, err error) {
 	ds, eks, err := r.hasher.chain(r.cfg.BlockSize, tokens, lora, salt)
 	if err != nil {
@@ -126,7 +148,7 @@ func (r *Replica) admit(tokens []int, lora, salt string) (cachedTokens int, err 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	hits := r.cache.match(ds)
-	cachedTokens = hits * r.cfg.BlockSize
+	cachedTokens = servedBlocks(hits, len(tokens), r.cfg.BlockSize) * r.cfg.BlockSize
 	r.queries += uint64(len(tokens))
 	r.hits += uint64(cachedTokens)
 	evicted := r.cache.admit(ds, hits)
