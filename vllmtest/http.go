@@ -14,6 +14,8 @@ func (r *Replica) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, req *http.Request) { r.serveGenerate(w, req, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, req *http.Request) { r.serveGenerate(w, req, true) })
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, req *http.Request) { r.serveRender(w, req, false) })
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, req *http.Request) { r.serveRender(w, req, true) })
 	mux.HandleFunc("POST /tokenize", r.serveTokenize)
 	mux.HandleFunc("GET /health", r.serveHealth)
 	mux.HandleFunc("GET /metrics", r.serveMetrics)
@@ -23,11 +25,16 @@ func (r *Replica) handler() http.Handler {
 
 // genRequest is the union of the completion and chat request fields the
 // replica honours; everything else is ignored as vLLM ignores unknown
-// sampling parameters it does not need here.
+// sampling parameters it does not need here. Messages and the chat
+// options stay raw JSON, so that a chat template gets them as sent.
 type genRequest struct {
 	Model                string          `json:"model"`
 	Prompt               json.RawMessage `json:"prompt"`
-	Messages             []chatMessage   `json:"messages"`
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	Documents            json.RawMessage `json:"documents"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ReasoningEffort      string          `json:"reasoning_effort"`
 	MaxTokens            *int            `json:"max_tokens"`
 	MaxCompletionTokens  *int            `json:"max_completion_tokens"`
 	Stream               bool            `json:"stream"`
@@ -89,79 +96,6 @@ func (r *Replica) lora(model string) (string, error) {
 	return "", &apiError{code: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
-// promptTokens tokenizes the request exactly as /tokenize does.
-func (r *Replica) promptTokens(g *genRequest, chat bool) ([]int, error) {
-	var ids []int
-	if chat {
-		if len(g.Messages) == 0 {
-			return nil, badRequest("messages is required")
-		}
-		ids = chatTokens(g.Messages, boolOr(g.AddGenerationPrompt, true), g.ContinueFinalMessage, boolOr(g.AddSpecialTokens, false))
-	} else {
-		var err error
-		if ids, err = parsePrompt(g.Prompt, boolOr(g.AddSpecialTokens, true)); err != nil {
-			return nil, err
-		}
-	}
-	if len(ids) > r.cfg.MaxModelLen {
-		return nil, badRequest("This model's maximum context length is %d tokens. However, your request has %d input tokens.", r.cfg.MaxModelLen, len(ids))
-	}
-	return ids, nil
-}
-
-// parsePrompt accepts a string, an array of token ids, or a one-element
-// array of either; several prompts in one request are not simulated.
-func parsePrompt(raw json.RawMessage, addSpecial bool) ([]int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, badRequest("prompt is required")
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return encode(s, addSpecial), nil
-	}
-	var ids []int
-	if err := json.Unmarshal(raw, &ids); err == nil {
-		for _, id := range ids {
-			if id < 0 {
-				return nil, badRequest("token id %d is negative", id)
-			}
-		}
-		return ids, nil
-	}
-	var many []json.RawMessage
-	if err := json.Unmarshal(raw, &many); err == nil && len(many) == 1 {
-		return parsePrompt(many[0], addSpecial)
-	}
-	return nil, badRequest("prompt must be a string, an array of token ids, or one of either")
-}
-
-func boolOr(b *bool, def bool) bool {
-	if b == nil {
-		return def
-	}
-	return *b
-}
-
-func (r *Replica) serveTokenize(w http.ResponseWriter, req *http.Request) {
-	var g genRequest
-	if err := json.NewDecoder(req.Body).Decode(&g); err != nil {
-		writeError(w, badRequest("invalid JSON: %v", err))
-		return
-	}
-	if _, err := r.lora(g.Model); err != nil {
-		writeError(w, err)
-		return
-	}
-	ids, err := r.promptTokens(&g, len(g.Messages) > 0)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"count": len(ids), "max_model_len": r.cfg.MaxModelLen, "tokens": ids, "token_strs": nil,
-	})
-}
-
 func (r *Replica) serveHealth(w http.ResponseWriter, _ *http.Request) {
 	r.mu.Lock()
 	ok := r.healthy
@@ -218,24 +152,9 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 		writeError(w, badRequest("invalid JSON: %v", err))
 		return
 	}
-	lora, err := r.lora(g.Model)
+	lora, prompt, maxTokens, err := r.parseGenerate(&g, chat)
 	if err != nil {
 		writeError(w, err)
-		return
-	}
-	prompt, err := r.promptTokens(&g, chat)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	maxTokens := 16
-	if g.MaxCompletionTokens != nil {
-		maxTokens = *g.MaxCompletionTokens
-	} else if g.MaxTokens != nil {
-		maxTokens = *g.MaxTokens
-	}
-	if maxTokens < 0 {
-		writeError(w, badRequest("max_tokens must be at least 0, got %d", maxTokens))
 		return
 	}
 

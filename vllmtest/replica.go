@@ -3,8 +3,8 @@
 // internal/redistest, it starts a real server on loopback ports so that the
 // code under test talks to it as it would to the real thing.
 //
-// A Replica serves vLLM's HTTP surface (completions, chat, /tokenize,
-// /health, /metrics), keeps a bounded LRU prefix cache keyed by vLLM's own
+// A Replica serves vLLM's HTTP surface (completions, chat, their render
+// endpoints, /tokenize, /health, /metrics), keeps a bounded LRU prefix cache keyed by vLLM's own
 // sha256_cbor block hashes, and publishes vLLM's KV-cache events on a
 // ZeroMQ PUB socket with a ROUTER replay socket beside it, byte for byte in
 // the layouts documented in shared/VLLM_EVENTS.md.
@@ -44,6 +44,19 @@ type Config struct {
 	// goes into every block's extra keys and into the events, as in vLLM;
 	// its lora_id is its index here plus one. Nil means no adapters.
 	LoRAs []string
+	// Tokenizer tokenizes text prompts and rendered chats, in generation,
+	// the render endpoints and /tokenize, so that a replica can cache the
+	// very ids a real vLLM serving that model caches (the demo uses
+	// Qwen3's). Nil means the built-in byte tokenizer (one token per byte,
+	// BOS 1; see tokenizer.go), whose counts the tests reason about.
+	Tokenizer Encoder
+	// ChatTemplate renders chat requests (messages, tools, documents,
+	// chat_template_kwargs, add_generation_prompt,
+	// continue_final_message) to the text Tokenizer encodes, as vLLM
+	// applies the model's chat template; a template.RequestError is
+	// answered with 400 and its message, as vLLM answers it. Nil means the
+	// built-in toy ChatML-like format (renderChat in tokenizer.go).
+	ChatTemplate ChatRenderer
 	// BlockSize is the number of tokens per KV block. Zero means 16, vLLM's
 	// default.
 	BlockSize int

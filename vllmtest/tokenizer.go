@@ -2,10 +2,11 @@ package vllmtest
 
 import "strings"
 
-// The simulated tokenizer is byte-level, so that token counts are easy to
-// reason about in tests (one token per byte) and text prefixes give token
-// prefixes: BOS is 1, EOS is 2 (never generated), and byte b is b+3, like
-// the <0xNN> byte-fallback pieces of a sentencepiece vocabulary.
+// The built-in tokenizer, used when Config.Tokenizer is nil, is
+// byte-level, so that token counts are easy to reason about in tests (one
+// token per byte) and text prefixes give token prefixes: BOS is 1, EOS is
+// 2 (never generated), and byte b is b+3, like the <0xNN> byte-fallback
+// pieces of a sentencepiece vocabulary.
 const (
 	tokBOS    = 1
 	tokEOS    = 2
@@ -36,9 +37,17 @@ func decode(ids []int) string {
 	return b.String()
 }
 
-// Tokenize returns the ids a completion whose prompt is text uses (BOS
-// included), exactly what POST /tokenize answers for {"prompt": text}.
-func (r *Replica) Tokenize(text string) []int { return encode(text, true) }
+// Tokenize returns the ids a completion whose prompt is text uses (special
+// tokens added, BOS for the byte tokenizer), exactly what POST /tokenize
+// answers for {"prompt": text}. It returns nil when a Config.Tokenizer
+// fails on text.
+func (r *Replica) Tokenize(text string) []int {
+	ids, err := r.encodeText(text, true)
+	if err != nil {
+		return nil
+	}
+	return ids
+}
 
 // chatMessage is one OpenAI chat message; content may be a string or a list
 // of parts, of which only text parts count.
