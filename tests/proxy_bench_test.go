@@ -40,7 +40,11 @@ func BenchmarkProxyTTFB(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer a.Stop()
-	status, body := doJSON(b, http.MethodPut, "http://"+a.Addr()+"/v1/replicas/r0", fmt.Sprintf(`{"model":"m","url":%q}`, rep.URL()))
+	// Registered with its event endpoints, as a production replica is (no
+	// ingestor runs here: the prompt is never cached, and each decision
+	// costs its two store round trips).
+	status, body := doJSON(b, http.MethodPut, "http://"+a.Addr()+"/v1/replicas/r0",
+		fmt.Sprintf(`{"model":"m","url":%q,"events":%q,"replay":%q}`, rep.URL(), rep.EventsEndpoint(), rep.ReplayEndpoint()))
 	if status != http.StatusCreated {
 		b.Fatalf("register: %d %s", status, body)
 	}
