@@ -17,3 +17,11 @@ echo "== event ingestion vs redis-benchmark HSET (tests/)"
 go test -run '^$' -bench 'Ingest' -benchtime 5x ./tests/
 echo "== simulator speed on the full Mooncake trace (sim/)"
 go test -run '^$' -bench 'Trace' -benchtime 3x ./sim/
+echo "== tokenizer: cold throughput against Hugging Face's Rust tokenizer on the same text (tokenizer/)"
+node tokenizer/testdata/gen/bench_hf.js qwen3 llama3_1 gemma3
+node tokenizer/testdata/gen/bench_hf.js --prose qwen3 llama3_1 gemma3
+go test -run '^$' -bench 'BenchmarkEncode$|BenchmarkEncodeProse' -benchtime 2s ./tokenizer/
+echo "== tokenizer: turn 20 of a 20-turn chat (8k-token system prompt), with and without the cache"
+go test -run '^$' -bench 'EncodeTurn20' -benchtime 200x ./tokenizer/
+echo "== front door: a ~32k-token messages decision against the same token_ids decision; proxy time to first byte (tests/)"
+go test -run '^$' -bench 'FrontDoor|ProxyTTFB' -benchtime 500x ./tests/

@@ -1,6 +1,8 @@
 package tokenizer_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -21,6 +23,30 @@ func BenchmarkEncode(b *testing.B) {
 		b.Run(family, func(b *testing.B) {
 			tok := load(b, family)
 			text := benchText(b)
+			b.SetBytes(int64(len(text)))
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := tok.Encode(text, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkEncodeProse is BenchmarkEncode on plain prose and Markdown
+// (testdata/prose.txt; node tokenizer/testdata/gen/bench_hf.js --prose
+// measures Hugging Face on the same file), so that the comparison is not
+// made only on the corpus, which is hostile by design.
+func BenchmarkEncodeProse(b *testing.B) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "prose.txt"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(raw)
+	for _, family := range []string{"qwen3", "llama3_1", "gemma3"} {
+		b.Run(family, func(b *testing.B) {
+			tok := load(b, family)
 			b.SetBytes(int64(len(text)))
 			b.ResetTimer()
 			for b.Loop() {
