@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,9 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/tokenizer"
+	"github.com/kvroute/kvroute/tokenizer/qwen3"
+	"github.com/kvroute/kvroute/tokenizer/template"
 	"github.com/kvroute/kvroute/vllmtest"
 )
 
@@ -36,12 +40,43 @@ func Ingest(cfg ingestor.Config) Task {
 // DemoModel is the model the demo replicas serve.
 const DemoModel = "demo"
 
+// demoTokenizerCacheBytes bounds the tokenization cache the demo replicas
+// share: chat traffic resends the whole conversation every turn, and the
+// cache makes each turn cost only its new text.
+const demoTokenizerCacheBytes = 32 << 20
+
+// demoSystem and demoUser are the chat the printed try-it text sends: the
+// system prompt fills a few 16-token blocks, so that a repeat has whole
+// blocks to match.
+const (
+	demoSystem = "You are the kvroute demo assistant. You answer questions about routing requests " +
+		"to vLLM replicas by the prefix blocks each replica already holds in its KV cache, " +
+		"and you always keep your answers short."
+	demoUser = "Why does a repeated prompt come back to the same replica?"
+)
+
 // DemoReplicas starts n simulated vLLM replicas in this process, registers
 // them (events and replay endpoints included, so the embedded ingestor
-// follows them) and prints a request a newcomer can paste. They stop with
-// the app.
+// follows them) and prints requests a newcomer can paste. The replicas
+// tokenize with the embedded Qwen3 tokenizer and chat template, the files
+// kvroute itself tokenizes model "demo" with (see cmd/kvroute/serve.go), so
+// that text and chat prompts key the same blocks on both sides, as with a
+// real vLLM serving Qwen3. They stop with the app.
 func DemoReplicas(n int, out io.Writer) Task {
 	return Task{Name: "demo-replicas", Run: func(ctx context.Context, a *App) error {
+		// Loaded once and shared: parsing takes about half a second, and
+		// the tokenizer, its cache and the template are safe for
+		// concurrent use.
+		tok, err := qwen3.Load()
+		if err != nil {
+			return fmt.Errorf("demo replica: tokenizer: %w", err)
+		}
+		tmpl, err := template.LoadFS(qwen3.FS, ".", template.Options{})
+		if err != nil {
+			return fmt.Errorf("demo replica: chat template: %w", err)
+		}
+		enc := tokenizer.NewCache(tok, demoTokenizerCacheBytes)
+
 		var reps []*vllmtest.Replica
 		defer func() {
 			for _, r := range reps {
@@ -52,6 +87,7 @@ func DemoReplicas(n int, out io.Writer) Task {
 			r, err := vllmtest.New(vllmtest.Config{
 				Model: DemoModel, BlockSize: a.cfg.Router.BlockSize, CapacityBlocks: 4096,
 				PrefillTokensPerSec: 20_000, DecodeTokensPerSec: 200,
+				Tokenizer: enc, ChatTemplate: tmpl,
 				Logger: a.log.With("component", "demo-replica", "replica", i),
 			})
 			if err != nil {
@@ -72,20 +108,44 @@ func DemoReplicas(n int, out io.Writer) Task {
 		}
 		a.Router.Invalidate()
 		_, port, _ := net.SplitHostPort(a.Addr())
-		fmt.Fprintf(out, `
-kvroute is serving %d simulated vLLM replicas of model %q. Try:
-
-  curl -s localhost:%s/v1/route -d '{"model":"demo","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33],"explain":true}'
-
-  curl -s localhost:%s/v1/completions -d '{"model":"demo","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33],"max_tokens":8}'
-
-  curl -s localhost:%s/v1/replicas
-
-The second call caches the prompt on the chosen replica; repeat the first and
-it routes back there with matched_blocks 2.
-
-`, n, DemoModel, port, port, port)
+		fmt.Fprint(out, demoTryIt(n, port))
 		<-ctx.Done()
 		return nil
 	}}
+}
+
+// demoTryIt is the text DemoReplicas prints: a chat completion through
+// kvroute, then the decision for the same chat, explained.
+func demoTryIt(n int, port string) string {
+	// The texts hold no single quote, so the JSON pastes inside the
+	// shell's single quotes as it is.
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	raw, _ := json.Marshal([]message{{"system", demoSystem}, {"user", demoUser}})
+	msgs := string(raw)
+	return fmt.Sprintf(`
+kvroute is serving %[1]d simulated vLLM replicas of model %[2]q (Qwen3's tokenizer
+and chat template). Try:
+
+  curl -s localhost:%[3]s/v1/chat/completions -d '{"model":"demo","messages":%[4]s,"max_tokens":8}'
+
+  curl -s localhost:%[3]s/v1/route -d '{"model":"demo","messages":%[4]s,"explain":true}'
+
+  curl -s localhost:%[3]s/v1/replicas
+
+The chat runs on the replica kvroute picks, which caches its prompt. Repeat it
+and it routes back to the same replica (curl -i shows X-Kvroute-Replica and
+X-Kvroute-Matched-Blocks > 0), reporting cached_tokens 64 of its 65 prompt
+tokens with block size 16: every cached block but the one holding the last
+token, which vLLM always recomputes. The /v1/route call asks where the same
+chat would go: that replica, with matched_blocks > 0. Right after startup the
+embedded ingestor needs a few seconds to follow the replicas' events; until
+then matched_blocks is 0. A /v1/route decision books load on its replica until
+released (curl -s -X POST localhost:%[3]s/v1/requests/REQUEST_ID/release) or
+expired; while it lasts that replica looks busier, and a short chat like this
+one may go elsewhere.
+
+`, n, DemoModel, port, msgs)
 }
