@@ -250,6 +250,9 @@ type TokenizeRequest struct {
 	// AddGenerationPrompt nil means vLLM's default, true.
 	AddGenerationPrompt  *bool
 	ContinueFinalMessage bool
+	// ReasoningEffort is the chat's "reasoning_effort"; some templates
+	// render it. Empty means unset.
+	ReasoningEffort string
 	// AddSpecialTokens nil means vLLM's default: true for a text prompt,
 	// false for chat (the template writes BOS itself).
 	AddSpecialTokens *bool

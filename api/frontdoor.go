@@ -31,6 +31,7 @@ type chatFields struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt,omitempty"`
 	ContinueFinalMessage bool            `json:"continue_final_message,omitempty"`
 	AddSpecialTokens     *bool           `json:"add_special_tokens,omitempty"`
+	ReasoningEffort      string          `json:"reasoning_effort,omitempty"`
 }
 
 // present reports whether a raw JSON field was given a value.
@@ -56,6 +57,7 @@ func (c chatFields) request(model string) (kvroute.TokenizeRequest, error) {
 		Model: model, Messages: c.Messages, Tools: c.Tools, Documents: c.Documents,
 		ChatTemplateKwargs: c.ChatTemplateKwargs, AddGenerationPrompt: c.AddGenerationPrompt,
 		ContinueFinalMessage: c.ContinueFinalMessage, AddSpecialTokens: c.AddSpecialTokens,
+		ReasoningEffort: c.ReasoningEffort,
 	}, nil
 }
 

@@ -95,6 +95,7 @@ func requestKey(r kvroute.TokenizeRequest) string {
 		field(r.Tools)
 		field(r.Documents)
 		field(r.ChatTemplateKwargs)
+		field([]byte(r.ReasoningEffort))
 	}
 	field(flag(r.AddGenerationPrompt))
 	field(flag(&r.ContinueFinalMessage))

@@ -52,7 +52,7 @@ func (m *Model) tokenize(req kvroute.TokenizeRequest) (Result, error) {
 		out, err := m.Template.Render(template.Request{
 			Messages: req.Messages, Tools: req.Tools, Documents: req.Documents,
 			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage,
-			Kwargs: req.ChatTemplateKwargs,
+			Kwargs: req.ChatTemplateKwargs, ReasoningEffort: req.ReasoningEffort,
 		})
 		var re *template.RequestError
 		switch {

@@ -227,6 +227,9 @@ func chatFields(b map[string]any, req kvroute.TokenizeRequest) {
 	if req.ContinueFinalMessage {
 		b["continue_final_message"] = true
 	}
+	if req.ReasoningEffort != "" {
+		b["reasoning_effort"] = req.ReasoningEffort
+	}
 	for name, v := range map[string]json.RawMessage{"tools": req.Tools, "documents": req.Documents, "chat_template_kwargs": req.ChatTemplateKwargs} {
 		if len(v) > 0 && string(v) != "null" {
 			b[name] = v
