@@ -25,3 +25,5 @@ echo "== tokenizer: turn 20 of a 20-turn chat (8k-token system prompt), with and
 go test -run '^$' -bench 'EncodeTurn20' -benchtime 200x ./tokenizer/
 echo "== front door: a ~32k-token messages decision against the same token_ids decision; proxy time to first byte (tests/)"
 go test -run '^$' -bench 'FrontDoor|ProxyTTFB' -benchtime 500x ./tests/
+echo "== token forwarding: time to first byte of a ~39k-token text completion, ids forwarded vs text (tests/)"
+go test -run '^$' -bench 'TokenForwarding' -benchtime 40x ./tests/
