@@ -30,7 +30,7 @@ echo "== go test -race (the packages with concurrency)"
 rstatus=0
 # With pipefail the pipeline fails when go test does (grep always matches
 # the package lines).
-go test -race -count=1 -timeout 10m ./router ./api ./ingestor ./internal/app ./tests ./vllmtest 2>&1 \
+go test -race -count=1 -timeout 10m ./router ./api ./ingestor ./internal/app ./tests ./vllmtest ./prompt ./tokenizer 2>&1 \
   | grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' || rstatus=$?
 if [ "$rstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fstatus=0
