@@ -82,22 +82,10 @@ type Replica struct {
 // must still work, and the first failed probe excludes it.
 func (r Replica) Routable() bool { return r.Health != HealthUnhealthy }
 
-// Validate checks what every writer of the registry must get right.
-func (r Replica) Validate() error {
-	switch {
-	case r.ID == "":
-		return &FieldError{Field: "id", Msg: "is required"}
-	case !validID(r.ID):
-		return &FieldError{Field: "id", Msg: "may only contain letters, digits and . _ -"}
-	case r.Model == "":
-		return &FieldError{Field: "model", Msg: "is required"}
-	case r.URL == "":
-		return &FieldError{Field: "url", Msg: "is required"}
-	case r.BlockSize < 0 || r.BlockSize > MaxBlockSize:
-		return &FieldError{Field: "block_size", Msg: fmt.Sprintf("must be in 0..%d (0: unknown)", MaxBlockSize)}
-	}
-	return nil
-}
+// Validate checks what every writer of the registry must get right: the
+// syntax and bounds of every field (validate.go). Where the addresses may
+// point is AddressPolicy's to say; a writer applies both.
+func (r Replica) Validate() error { return r.validate() }
 
 // MaxBlockSize bounds a replica's reported block size: vLLM's are 1 to a
 // few hundred tokens (the Mooncake trace's 512 is the largest seen), so
@@ -105,7 +93,7 @@ func (r Replica) Validate() error {
 const MaxBlockSize = 1 << 16
 
 func validID(s string) bool {
-	if len(s) > 128 {
+	if len(s) > MaxIDBytes {
 		return false
 	}
 	for _, c := range s {

@@ -117,7 +117,7 @@ func (in *Ingestor) get(ctx context.Context, url string, limit time.Duration, re
 	if err != nil {
 		return err
 	}
-	resp, err := in.c.HTTPClient.Do(req)
+	resp, err := noRedirects(in.c.HTTPClient).Do(req)
 	if err != nil {
 		return err
 	}
@@ -131,6 +131,16 @@ func (in *Ingestor) get(ctx context.Context, url string, limit time.Duration, re
 		return nil
 	}
 	return read(io.LimitReader(resp.Body, 16<<20))
+}
+
+// noRedirects is c (shared transport and timeout) refusing to follow
+// redirects: a replica's /health and /metrics answer themselves, and a
+// probe that followed a 3xx could be walked to any address (a metadata
+// service) past the registry's address checks. A 3xx is a failed probe.
+func noRedirects(c *http.Client) *http.Client {
+	cc := *c
+	cc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &cc
 }
 
 // VLLMMetrics are the load signals kvroute reads from a replica's /metrics.
