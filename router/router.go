@@ -121,7 +121,7 @@ type Router struct {
 	cfg    Config
 	now    func() time.Time
 	log    *slog.Logger
-	newID  func() string
+	newID  func(model string) string
 	mu     sync.Mutex
 	rng    *mrand.Rand
 	count  atomic.Uint64
@@ -141,8 +141,11 @@ type Options struct {
 	// Rand breaks ties and samples power-of-two; nil means a randomly
 	// seeded source (seed it in tests).
 	Rand *mrand.Rand
-	// NewID mints request ids; nil means random 128-bit hex.
-	NewID func() string
+	// NewID mints the request id of a decision on model; nil means the
+	// index's NewRequestID when it has one (the store's ids carry their
+	// model, so that Advance and Release find its lease in its model's
+	// Redis slot), else random 128-bit hex.
+	NewID func(model string) string
 }
 
 // New builds a Router.
@@ -168,7 +171,10 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 		opt.Rand = mrand.New(mrand.NewPCG(leU64(seed[:8]), leU64(seed[8:])))
 	}
 	if opt.NewID == nil {
-		opt.NewID = randomID
+		opt.NewID = func(string) string { return randomID() }
+		if m, ok := idx.(interface{ NewRequestID(model string) string }); ok {
+			opt.NewID = m.NewRequestID
+		}
 	}
 	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand}, nil
 }
@@ -233,7 +239,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	}
 	bs := r.BlockSize(req.Model, fleet)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
-	d := Decision{RequestID: r.newID(), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
+	d := Decision{RequestID: r.newID(req.Model), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
 
 	ids := make([]string, len(fleet))
 	for i, rep := range fleet {

@@ -55,7 +55,8 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 			return kvroute.ApplyResult{}, err
 		}
 		args := fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c)
-		v, err := scriptApplyF.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
+		keys := []string{metaKey(model, replica), loadKey(model), blkKey(model), e2rKey(model, replica)}
+		v, err := scriptApplyF.Run(ctx, s.c, keys, args...).Int64Slice()
 		if err != nil {
 			return kvroute.ApplyResult{}, wrap("apply", err)
 		}
@@ -69,16 +70,16 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 		// written, the general path applies the batch.
 		s.slots.Delete(ck)
 	}
-	// apply.lua's arguments: the fixed five, then kind and tier of every op
+	// apply.lua's arguments: the fixed four and the kinds, then kind and tier of every op
 	// (two bytes each), then every op's engine hash, key and parent as
 	// separate arguments (8 bytes each, empty where the kind has none), so
 	// that the script reads them without string.sub and passes each run to
 	// HMGET whole.
 	n := len(ops)
-	args := make([]any, 6+3*n)
-	args[0], args[1] = prefix(model), replica
-	args[2], args[3] = strconv.FormatInt(last, 10), strconv.FormatInt(ms(s.now()), 10)
-	args[4] = strconv.FormatInt(first, 10)
+	args := make([]any, 5+3*n)
+	args[0] = replica
+	args[1], args[2] = strconv.FormatInt(last, 10), strconv.FormatInt(ms(s.now()), 10)
+	args[3] = strconv.FormatInt(first, 10)
 	kinds := make([]byte, 2*n)
 	b8 := make([]byte, 24*n)
 	for i, op := range ops {
@@ -94,20 +95,20 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 			binary.BigEndian.PutUint64(eh, op.EngineHash)
 			binary.BigEndian.PutUint64(key, uint64(op.Key))
 			binary.BigEndian.PutUint64(par, uint64(op.Parent))
-			args[6+i], args[6+n+i], args[6+2*n+i] = eh, key, par
+			args[5+i], args[5+n+i], args[5+2*n+i] = eh, key, par
 		case kvroute.OpRemove:
 			kinds[2*i] = 'R'
 			binary.BigEndian.PutUint64(eh, op.EngineHash)
-			args[6+i], args[6+n+i], args[6+2*n+i] = eh, "", ""
+			args[5+i], args[5+n+i], args[5+2*n+i] = eh, "", ""
 		case kvroute.OpClear:
 			kinds[2*i] = 'C'
-			args[6+i], args[6+n+i], args[6+2*n+i] = "", "", ""
+			args[5+i], args[5+n+i], args[5+2*n+i] = "", "", ""
 		default:
 			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: op kind %d: %w", op.Kind, kvroute.ErrInvalidInput)
 		}
 	}
-	args[5] = kinds
-	v, err := scriptApply.Run(ctx, s.c, []string{metaKey(model, replica)}, args...).Int64Slice()
+	args[4] = kinds
+	v, err := scriptApply.Run(ctx, s.c, libKeys(model, metaKey(model, replica), e2rKey(model, replica)), args...).Int64Slice()
 	if err != nil {
 		return kvroute.ApplyResult{}, wrap("apply", err)
 	}
@@ -126,7 +127,7 @@ func (s *Store) slot(ctx context.Context, model, replica, ck string) (int, error
 	if sl, ok := s.slots.Load(ck); ok {
 		return sl.(int), nil
 	}
-	v, err := scriptSlot.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), replica,
+	v, err := scriptSlot.Run(ctx, s.c, libKeys(model), replica,
 		strconv.FormatInt(ms(s.now()), 10)).Int()
 	if err != nil {
 		return 0, wrap("apply", err)
@@ -256,6 +257,6 @@ func fastArgs(model, replica string, first, last, now int64, slot int, ops []kvr
 			ehashes = append(ehashes, "0,1;"...)
 		}
 	}
-	return []any{prefix(model), replica, strconv.FormatInt(last, 10), strconv.FormatInt(now, 10),
+	return []any{replica, strconv.FormatInt(last, 10), strconv.FormatInt(now, 10),
 		strconv.Itoa(slot), strconv.Itoa(n), strconv.FormatInt(first, 10), blocks, ehashes}
 }

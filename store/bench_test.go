@@ -163,7 +163,7 @@ func BenchmarkDecision(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		id := "d" + strconv.Itoa(i)
+		id := store.RequestID(mdl, "d"+strconv.Itoa(i))
 		if _, _, err := s.Reserve(ctx, kvroute.Lease{RequestID: id, Model: mdl, Replica: f.reps[0], PrefillBlocks: 1, DecodeBlocks: 1, Expires: time.Now().Add(time.Minute)}, loads[0].Version); err != nil {
 			b.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func TestConcurrent(t *testing.T) {
 				defer wg.Done()
 				rng := rand.New(rand.NewPCG(uint64(p), 2))
 				for i := range 80 {
-					id := fmt.Sprintf("p%d-%d", p, i)
+					id := rid(fmt.Sprintf("p%d-%d", p, i))
 					q := convs[rng.IntN(len(convs))]
 					_, loads, err := e.s.Lookup(ctx, mdl, q, reps)
 					if err != nil {

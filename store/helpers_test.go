@@ -278,3 +278,6 @@ func entryBit(v string, i, slot int) bool {
 	bm := v[1 : 1+int(v[0])]
 	return slot/8 < len(bm) && bm[slot/8]&(1<<(slot%8)) != 0
 }
+
+// rid is the test model's request id with unique part s.
+func rid(s string) string { return store.RequestID(mdl, s) }

@@ -167,7 +167,7 @@ func TestResetAndPurge(t *testing.T) {
 		if err := e.s.RecordApprox(ctx, mdl, "a", k[:4]); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := e.s.Reserve(ctx, kvroute.Lease{RequestID: "q1", Model: mdl, Replica: "a", PrefillBlocks: 3, DecodeBlocks: 2}, -1); err != nil {
+		if _, _, err := e.s.Reserve(ctx, kvroute.Lease{RequestID: rid("q1"), Model: mdl, Replica: "a", PrefillBlocks: 3, DecodeBlocks: 2}, -1); err != nil {
 			t.Fatal(err)
 		}
 
@@ -210,7 +210,7 @@ func TestResetAndPurge(t *testing.T) {
 			if ov[1] != (kvroute.Overlap{GPU: 8, Any: 8}) {
 				t.Errorf("b after purging a = %+v", ov[1])
 			}
-			if ok, err := e.s.Release(ctx, "q1"); err != nil || ok {
+			if ok, err := e.s.Release(ctx, rid("q1")); err != nil || ok {
 				t.Errorf("release of purged lease = %v, %v; want false", ok, err)
 			}
 			st, err := e.s.Stats(ctx, mdl, "a")

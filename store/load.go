@@ -21,8 +21,9 @@ const sweepBatch = 500
 // booked twice: Reserve reports booked=true (a retry of a booking that went
 // through).
 //
-// The request id -> model entry that Advance and Release need is written in
-// the same pipeline, so a decision costs one round trip.
+// lease.RequestID must have been minted for lease.Model (NewRequestID):
+// Advance and Release find the lease's model, and so its keys, from the
+// id, so a decision costs one script call in its model's slot.
 func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (booked bool, cur kvroute.Load, err error) {
 	switch {
 	case lease.RequestID == "":
@@ -32,33 +33,19 @@ func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	case lease.PrefillBlocks < 0 || lease.DecodeBlocks < 0:
 		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "blocks", Msg: "must not be negative"})
 	}
-	keys := []string{loadKey(lease.Model)}
-	args := []any{prefix(lease.Model), lease.RequestID, lease.Replica,
+	if m, ok := RequestModel(lease.RequestID); !ok || m != lease.Model {
+		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "request_id",
+			Msg: "must be minted for the lease's model (store.NewRequestID)"})
+	}
+	args := []any{lease.RequestID, lease.Replica,
 		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
 		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10)}
-	var res *redis.Cmd
-	run := func(sha bool) error {
-		_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSet(ctx, keyRequests, lease.RequestID, lease.Model)
-			if sha {
-				res = scriptReserve.EvalSha(ctx, p, keys, args...)
-			} else {
-				res = scriptReserve.Eval(ctx, p, keys, args...)
-			}
-			return nil
-		})
-		return err
-	}
-	err = run(true)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		err = run(false)
-	}
+	v, err := scriptReserve.Run(ctx, s.c, leaseKeys(lease.Model), args...).Slice()
 	if err != nil {
 		return false, cur, wrap("reserve", err)
 	}
-	v, err := res.Slice()
-	if err != nil || len(v) < 1 {
-		return false, cur, wrap("reserve", err)
+	if len(v) < 1 {
+		return false, cur, fmt.Errorf("store: reserve: unexpected reply %v", v)
 	}
 	var booked1, scraped any
 	if len(v) > 1 {
@@ -70,44 +57,31 @@ func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	if cur, err = parseLoad(booked1, scraped); err != nil {
 		return false, cur, fmt.Errorf("store: reserve: %w", err)
 	}
-	if asInt(v[0]) == 0 {
-		// Not booked: the id -> model entry written above points at nothing.
-		if err := s.c.HDel(ctx, keyRequests, lease.RequestID).Err(); err != nil {
-			s.log.Warn("store: reserve: dropping request entry", "request", lease.RequestID, "err", err)
-		}
-		return false, cur, nil
-	}
-	return true, cur, nil
+	return asInt(v[0]) != 0, cur, nil
 }
 
 // Advance marks the request's first token: its prefill blocks are released,
 // its decode blocks stay booked. It reports whether anything changed; a
-// second call, or a call for an unknown or released request, is a no-op.
+// second call, or a call for an unknown or released request (or an id not
+// minted by NewRequestID), is a no-op.
 func (s *Store) Advance(ctx context.Context, requestID string) (bool, error) {
-	return s.unbook(ctx, "advance", scriptAdvance, requestID, false)
+	return s.unbook(ctx, "advance", scriptAdvance, requestID)
 }
 
 // Release ends the request: everything its lease booked is released. It
 // reports false for an unknown or already released request.
 func (s *Store) Release(ctx context.Context, requestID string) (bool, error) {
-	return s.unbook(ctx, "release", scriptRelease, requestID, true)
+	return s.unbook(ctx, "release", scriptRelease, requestID)
 }
 
-func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id string, full bool) (bool, error) {
-	model, err := s.c.HGet(ctx, keyRequests, id).Result()
-	if err == redis.Nil {
-		return false, nil
-	} else if err != nil {
-		return false, wrap(op, err)
+func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id string) (bool, error) {
+	model, ok := RequestModel(id)
+	if !ok {
+		return false, nil // not one of ours: no lease was booked under it
 	}
-	n, err := sc.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), id).Int()
+	n, err := sc.Run(ctx, s.c, leaseKeys(model), id).Int()
 	if err != nil {
 		return false, wrap(op, err)
-	}
-	if full {
-		if err := s.c.HDel(ctx, keyRequests, id).Err(); err != nil {
-			return n == 1, wrap(op, err)
-		}
 	}
 	return n == 1, nil
 }
@@ -120,7 +94,7 @@ func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
 	total := 0
 	now := strconv.FormatInt(ms(s.now()), 10)
 	for {
-		v, err := scriptSweep.Run(ctx, s.c, []string{loadKey(model)}, prefix(model), now, sweepBatch).Slice()
+		v, err := scriptSweep.Run(ctx, s.c, leaseKeys(model), now, sweepBatch).Slice()
 		if err != nil {
 			return total, wrap("sweep", err)
 		}
@@ -136,11 +110,6 @@ func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
 			}
 		}
 		total += len(ids)
-		if len(ids) > 0 {
-			if err := s.c.HDel(ctx, keyRequests, ids...).Err(); err != nil {
-				return total, wrap("sweep", err)
-			}
-		}
 		if seen < sweepBatch {
 			// Expired approximate entries are dropped on the same beat.
 			if _, err := s.SweepApprox(ctx, model); err != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 func lease(id, replica string, pre, dec int64, exp time.Time) kvroute.Lease {
-	return kvroute.Lease{RequestID: id, Model: mdl, Replica: replica, PrefillBlocks: pre, DecodeBlocks: dec, Expires: exp}
+	return kvroute.Lease{RequestID: rid(id), Model: mdl, Replica: replica, PrefillBlocks: pre, DecodeBlocks: dec, Expires: exp}
 }
 
 func loadOf(t *testing.T, e *env, r string) kvroute.Load {
@@ -36,7 +36,7 @@ func TestLeases(t *testing.T) {
 				t.Errorf("booked load = %+v, want %+v", cur, want)
 			}
 			for i, want := range []bool{true, false} {
-				if ok, err := e.s.Advance(ctx, "q1"); err != nil || ok != want {
+				if ok, err := e.s.Advance(ctx, rid("q1")); err != nil || ok != want {
 					t.Errorf("advance #%d = %v, %v; want %v", i, ok, err, want)
 				}
 			}
@@ -44,11 +44,11 @@ func TestLeases(t *testing.T) {
 				t.Errorf("after advance: %+v, want %+v", got, want)
 			}
 			for i, want := range []bool{true, false} {
-				if ok, err := e.s.Release(ctx, "q1"); err != nil || ok != want {
+				if ok, err := e.s.Release(ctx, rid("q1")); err != nil || ok != want {
 					t.Errorf("release #%d = %v, %v; want %v", i, ok, err, want)
 				}
 			}
-			if ok, err := e.s.Advance(ctx, "q1"); err != nil || ok {
+			if ok, err := e.s.Advance(ctx, rid("q1")); err != nil || ok {
 				t.Errorf("advance after release = %v, %v; want false", ok, err)
 			}
 			if got, want := loadOf(t, e, "a"), (kvroute.Load{Version: 3}); got != want {
@@ -63,7 +63,7 @@ func TestLeases(t *testing.T) {
 			if want := (kvroute.Load{Version: 3}); cur != want {
 				t.Errorf("current load = %+v, want %+v", cur, want)
 			}
-			if ok, err := e.s.Release(ctx, "q2"); err != nil || ok {
+			if ok, err := e.s.Release(ctx, rid("q2")); err != nil || ok {
 				t.Errorf("release of unbooked = %v, %v; want false", ok, err)
 			}
 			if booked, _, err := e.s.Reserve(ctx, lease("q2", "a", 5, 1, exp), cur.Version); err != nil || !booked {
@@ -72,7 +72,7 @@ func TestLeases(t *testing.T) {
 			if booked, cur, err := e.s.Reserve(ctx, lease("q2", "a", 5, 1, exp), -1); err != nil || !booked || cur.Requests != 1 {
 				t.Errorf("retried reserve = %v, %+v, %v; want booked once", booked, cur, err)
 			}
-			if ok, err := e.s.Release(ctx, "q2"); err != nil || !ok {
+			if ok, err := e.s.Release(ctx, rid("q2")); err != nil || !ok {
 				t.Errorf("release = %v, %v", ok, err)
 			}
 		})
@@ -89,10 +89,10 @@ func TestLeases(t *testing.T) {
 			if got := loadOf(t, e, "b"); got.PrefillBlocks != 2 || got.Requests != 1 {
 				t.Errorf("after sweep: %+v, want one lease left", got)
 			}
-			if ok, _ := e.s.Release(ctx, "s0"); ok {
+			if ok, _ := e.s.Release(ctx, rid("s0")); ok {
 				t.Errorf("release of swept lease = true, want false")
 			}
-			if ok, _ := e.s.Release(ctx, "s2"); !ok {
+			if ok, _ := e.s.Release(ctx, rid("s2")); !ok {
 				t.Errorf("release of live lease = false, want true")
 			}
 		})
@@ -134,11 +134,11 @@ func TestLeasesAnyOrder(t *testing.T) {
 					t.Fatal(err)
 				}
 			case 2:
-				if _, err := e.s.Advance(ctx, id); err != nil {
+				if _, err := e.s.Advance(ctx, rid(id)); err != nil {
 					t.Fatal(err)
 				}
 			case 3:
-				if _, err := e.s.Release(ctx, id); err != nil {
+				if _, err := e.s.Release(ctx, rid(id)); err != nil {
 					t.Fatal(err)
 				}
 			case 4:
@@ -163,7 +163,7 @@ func TestLeasesAnyOrder(t *testing.T) {
 			}
 		}
 		for i := range 40 {
-			if _, err := e.s.Release(ctx, fmt.Sprint("q", i)); err != nil {
+			if _, err := e.s.Release(ctx, rid(fmt.Sprint("q", i))); err != nil {
 				t.Fatal(err)
 			}
 		}

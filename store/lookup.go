@@ -22,12 +22,12 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	// The search runs as a script; the candidates' loads and slots are one
 	// plain HMGET in the same pipeline (one round trip): Redis converts a
 	// long reply into Lua values far slower than it sends it to a client.
-	args := []any{prefix(model), strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
+	args := []any{strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
 	fields := make([]string, 0, 3*n)
 	for _, r := range replicas {
 		fields = append(fields, r, r+"#s", r+"#i")
 	}
-	lk := []string{loadKey(model)}
+	lk := []string{blkKey(model), axKey(model)}
 	var res *redis.Cmd
 	var lres *redis.SliceCmd
 	run := func(sha bool) error {
@@ -37,7 +37,7 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 			} else {
 				res = scriptLookup.Eval(ctx, p, lk, args...)
 			}
-			lres = p.HMGet(ctx, lk[0], fields...)
+			lres = p.HMGet(ctx, loadKey(model), fields...)
 			return nil
 		})
 		return err

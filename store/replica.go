@@ -33,7 +33,7 @@ func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int6
 // ingestor must rebuild. Approximate entries and load are kept.
 func (s *Store) ResetReplica(ctx context.Context, model, replica string) error {
 	s.slots.Delete(model + "\x00" + replica)
-	err := scriptReset.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica).Err()
+	err := scriptReset.Run(ctx, s.c, libKeys(model, metaKey(model, replica), e2rKey(model, replica)), replica).Err()
 	return wrap("reset replica", err)
 }
 
@@ -89,17 +89,9 @@ func e2rRecord(v string, suf uint16) (kvroute.BlockKey, bool, error) {
 // and approximate entries, meta, load and outstanding leases.
 func (s *Store) PurgeReplica(ctx context.Context, model, replica string) error {
 	s.slots.Delete(model + "\x00" + replica)
-	ids, err := scriptPurge.Run(ctx, s.c, []string{metaKey(model, replica)}, prefix(model), replica,
-		strconv.FormatInt(ms(s.now()), 10)).StringSlice()
-	if err != nil {
-		return wrap("purge replica", err)
-	}
-	if len(ids) > 0 {
-		if err := s.c.HDel(ctx, keyRequests, ids...).Err(); err != nil {
-			return wrap("purge replica", err)
-		}
-	}
-	return nil
+	keys := libKeys(model, metaKey(model, replica), e2rKey(model, replica), lbKey(model), leasesKey(model))
+	err := scriptPurge.Run(ctx, s.c, keys, replica, strconv.FormatInt(ms(s.now()), 10)).Err()
+	return wrap("purge replica", err)
 }
 
 // Stats returns the replica's index statistics; a replica never applied

@@ -42,6 +42,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -136,12 +137,21 @@ func unavailable(err error) bool {
 		errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
 		return true
 	}
-	for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN"} {
+	// A server loading its data, a Cluster reconfiguring (a slot unserved,
+	// a multi-key command during resharding, a redirect go-redis gave up
+	// following), or a primary demoted under us: Redis is there but cannot
+	// serve the command now, which the router treats as an outage.
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "MOVED", "ASK", "READONLY", "NOREPLICAS"} {
 		if redis.HasErrorPrefix(err, p) {
 			return true
 		}
 	}
-	return false
+	// go-redis's own: a cluster client that lost every node, a failover
+	// client that reaches no Sentinel.
+	msg := err.Error()
+	return strings.Contains(msg, "redis: cluster has no nodes") ||
+		strings.Contains(msg, "sentinels specified in configuration are unreachable") ||
+		strings.Contains(msg, "redis: connection not available")
 }
 
 //go:embed lua/*.lua
@@ -181,17 +191,39 @@ var (
 
 // Key names. prefix carries the model's hash tag; every per-model key
 // starts with it.
+// The two global keys are each touched by single-key commands only (the
+// registry's MULTI and WATCH name kvr:replicas alone), so in a Cluster no
+// command spans slots; every script's keys are one model's.
 const (
 	keyReplicas = "kvr:replicas"
-	keyRequests = "kvr:reqs" // request id -> model, for Advance and Release
-	fieldRegVer = "#v"       // registry version, a field no replica id can take
+	fieldRegVer = "#v" // registry version, a field no replica id can take
 )
 
 func prefix(model string) string     { return "kvr:{m:" + model + "}:" }
 func metaKey(model, r string) string { return prefix(model) + "r:" + r + ":meta" }
 func e2rKey(model, r string) string  { return prefix(model) + "r:" + r + ":e2r" }
+func blkKey(model string) string     { return prefix(model) + "blk" }
 func axKey(model string) string      { return prefix(model) + "ax" }
+func axqKey(model string) string     { return prefix(model) + "axq" }
 func loadKey(model string) string    { return prefix(model) + "load" }
+func lbKey(model string) string      { return prefix(model) + "lb" }
+func leasesKey(model string) string  { return prefix(model) + "leases" }
 func ownKey(name string) string      { return "kvr:own:" + name }
+
+// axbKey is the sweep list of approximate entries expiring in minute.
+func axbKey(model string, minute int64) string {
+	return prefix(model) + "axb:" + strconv.FormatInt(minute, 10)
+}
+
+// libKeys are the keys lua/lib.lua reads (blk, load, slotfree), followed
+// by a script's own.
+func libKeys(model string, more ...string) []string {
+	return append([]string{blkKey(model), loadKey(model), prefix(model) + "slotfree"}, more...)
+}
+
+// leaseKeys are the keys of reserve.lua and lua/lease.lua.
+func leaseKeys(model string) []string {
+	return []string{loadKey(model), lbKey(model), leasesKey(model)}
+}
 
 func ms(t time.Time) int64 { return t.UnixMilli() }

@@ -45,9 +45,9 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 	rt, err := router.New(st, st, cfg, router.Options{
 		Now:  func() time.Time { return now },
 		Rand: rand.New(rand.NewPCG(1, 1)),
-		NewID: func() string {
+		NewID: func(model string) string {
 			ids++
-			return fmt.Sprintf("req-%d", ids)
+			return store.RequestID(model, fmt.Sprintf("req-%d", ids))
 		},
 	})
 	if err != nil {

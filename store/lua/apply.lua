@@ -1,7 +1,8 @@
 -- apply.lua applies one event batch of one replica atomically, or the ops of
 -- consecutive batches first seq..seq in order (see Store.ApplyRun).
--- KEYS[1] = kvr:{m}:r:<id>:meta
--- ARGV = prefix, replica, seq, now_ms, first seq, kinds (two bytes per op:
+-- KEYS = lib's three (blk, load, slotfree), then P..'r:'..R..':meta',
+--        P..'r:'..R..':e2r'
+-- ARGV = replica, seq, now_ms, first seq, kinds (two bytes per op:
 --        kind S|R|C, tier 0 GPU | 1 host), then for the n ops: n engine
 --        hashes, n keys, n parent keys (8 big-endian bytes each; zero key: no
 --        parent; empty where the kind has none).
@@ -17,12 +18,12 @@
 -- The common op, a fresh engine hash storing a new block under a parent the
 -- replica holds rooted (the next block of a prompt), takes a fast path that
 -- writes the finished entry directly; every other op takes the general one.
-local meta = KEYS[1]
-local E2R = P .. 'r:' .. R .. ':e2r'
-local first = tonumber(ARGV[5])
-local kinds = ARGV[6]
+local meta = KEYS[4]
+local E2R = KEYS[5]
+local first = tonumber(ARGV[4])
+local kinds = ARGV[5]
 local nops = #kinds / 2
-local EH0, K0, P0 = 6, 6 + nops, 6 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
+local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
 local m = redis.call('HMGET', meta, 'seq', 'n')
 if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
 local held = tonumber(m[2] or 0) or 0
@@ -57,13 +58,13 @@ do
   end
 end
 local cleared = false
-local slot = slotOf(string.find(kinds, 'S', 1, true) ~= nil, ARGV[4])
+local slot = slotOf(string.find(kinds, 'S', 1, true) ~= nil, ARGV[3])
 if not slot then
   -- R never stored anything: it holds nothing, every removal is unknown.
   for i = 1, nops do
     if byte(kinds, 2 * i - 1) == 82 then unknown = unknown + 1 end
   end
-  redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', 0)
+  redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', 0)
   return {1, 0, 0, unknown, -1}
 end
 local bvals = mget(BLK, K0 + 1, P0 + nops)
@@ -331,5 +332,5 @@ do
 end
 eflush()
 if held < 0 then held = 0 end
-redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', held)
+redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', held)
 return {1, stored, removed, unknown, slot}

@@ -1,8 +1,8 @@
 -- applyfast.lua applies a batch made only of fresh chains whose block
 -- entries and engine-hash values Go computed for the replica slot it
 -- assumed (see Store.Apply), without lib.lua: it only verifies and writes.
--- KEYS[1] = kvr:{m}:r:<id>:meta
--- ARGV = prefix, replica, seq, now_ms, assumed slot, n, first seq, blocks,
+-- KEYS = P..'r:'..R..':meta', P..'load', P..'blk', P..'r:'..R..':e2r'
+-- ARGV = replica, seq, now_ms, assumed slot, n, first seq, blocks,
 --        engine hashes. The ops may be those of consecutive batches first
 --        seq..seq (see Store.ApplyRun). blocks packs n records block key (8)
 --        | entry length (2, big-endian) | finished P..'blk' entry; engine
@@ -15,15 +15,14 @@
 -- with nothing changed when the slot differs, a block already exists or an
 -- e2r field is taken: Go then applies the batch through apply.lua's general
 -- path.
-local meta = KEYS[1]
-local P, R = ARGV[1], ARGV[2]
+local meta, BLK, E2R = KEYS[1], KEYS[3], KEYS[4]
+local R = ARGV[1]
 local m = redis.call('HMGET', meta, 'seq', 'n')
-if m[1] and tonumber(m[1]) >= tonumber(ARGV[7]) then return {0, 0, 0, 0} end
-local s = redis.call('HGET', P .. 'load', R .. '#i')
-if s ~= ARGV[5] then return {-1, 0, 0, 0, tonumber(s) or -1} end
-local n = tonumber(ARGV[6])
-local BLK, E2R = P .. 'blk', P .. 'r:' .. R .. ':e2r'
-local B, E = ARGV[8], ARGV[9]
+if m[1] and tonumber(m[1]) >= tonumber(ARGV[6]) then return {0, 0, 0, 0} end
+local s = redis.call('HGET', KEYS[2], R .. '#i')
+if s ~= ARGV[4] then return {-1, 0, 0, 0, tonumber(s) or -1} end
+local n = tonumber(ARGV[5])
+local B, E = ARGV[7], ARGV[8]
 local byte, sub, unpack, min = string.byte, string.sub, unpack, math.min
 -- bk, ek: the fields to check; bs, es: the field-value pairs to write.
 local bk, ek, bs, es = {}, {}, {}, {}
@@ -55,5 +54,5 @@ for i = 1, 2 * n, 4000 do
   redis.call('HSET', BLK, unpack(bs, i, j))
   redis.call('HSET', E2R, unpack(es, i, j))
 end
-redis.call('HSET', meta, 'seq', ARGV[3], 'at', ARGV[4], 'n', (tonumber(m[2]) or 0) + n)
+redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', (tonumber(m[2]) or 0) + n)
 return {1, n, 0, 0, tonumber(s)}

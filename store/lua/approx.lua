@@ -6,20 +6,25 @@
 -- increase along a chain and Lookup's search over "expiry > now" is exact.
 -- Every pair whose expiry moves into a new minute is listed under that
 -- minute (list P..'axb:'<minute>, minutes in zset P..'axq') for sweep_approx.
--- KEYS[1] = P..'ax'; ARGV = prefix, replica, now_ms, expiry_ms, keys (8n bytes)
-local now, exp, blob = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local s = slotOf(true, ARGV[3])
+-- KEYS = lib's three (blk, load, slotfree), then P..'ax', P..'axq' and
+-- P..'axb:'..<the expiry's minute> (Go computes the minute as this script
+-- does: the script checks it); ARGV = replica, now_ms, expiry_ms, keys (8n
+-- bytes)
+local AX, AXQ, AXB = KEYS[4], KEYS[5], KEYS[6]
+local now, exp, blob = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local s = slotOf(true, ARGV[2])
 local s2 = char(floor(s / 256), s % 256)
 local exp6 = char(floor(exp / 1099511627776) % 256, floor(exp / 4294967296) % 256,
   floor(exp / 16777216) % 256, floor(exp / 65536) % 256, floor(exp / 256) % 256, exp % 256)
 local G = 60000
 local nb = floor(exp / G)
+if AXB ~= P .. 'axb:' .. nb then error('kvroute: approx: minute list ' .. AXB .. ' for minute ' .. nb) end
 local keys = {}
 for i = 1, #blob, 8 do keys[#keys + 1] = sub(blob, i, i + 7) end
 local set, push = {}, {}
 for c = 1, #keys, 4000 do
   local part = {unpack(keys, c, math.min(c + 3999, #keys))}
-  local vals = redis.call('HMGET', KEYS[1], unpack(part))
+  local vals = redis.call('HMGET', AX, unpack(part))
   for j = 1, #part do
     local v = vals[j] or ''
     local at, found = #v + 1, false
@@ -48,11 +53,11 @@ for c = 1, #keys, 4000 do
     end
   end
 end
-chunked('HSET', KEYS[1], set)
+chunked('HSET', AX, set)
 if #push > 0 then
-  chunked('RPUSH', P .. 'axb:' .. nb, push)
-  redis.call('ZADD', P .. 'axq', (nb + 1) * G, nb)
+  chunked('RPUSH', AXB, push)
+  redis.call('ZADD', AXQ, (nb + 1) * G, nb)
 end
 local x = tonumber(redis.call('HGET', SLOTS, R .. '#x') or 0)
-if x < exp then redis.call('HSET', SLOTS, R .. '#x', ARGV[4]) end
+if x < exp then redis.call('HSET', SLOTS, R .. '#x', ARGV[3]) end
 return 1

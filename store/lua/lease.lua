@@ -2,17 +2,17 @@
 -- lease's end (or its first token) to the replica's load, never letting a
 -- counter drop below zero: a load purged while leases were out must not go
 -- negative when they come back.
-local function unbook(P, id, full)
-  local lb = P .. 'lb'
+-- KEYS = P..'load', P..'lb' (lease bodies), P..'leases' (expiries).
+local function unbook(id, full)
+  local load, lb, leases = KEYS[1], KEYS[2], KEYS[3]
   local body = redis.call('HGET', lb, id)
   if not body then
-    redis.call('ZREM', P .. 'leases', id)
+    redis.call('ZREM', leases, id)
     return 0
   end
   local R, pre, dec, phase = string.match(body, '^([^,]*),(%d+),(%d+),(%d)$')
   pre, dec = tonumber(pre), tonumber(dec)
   if not full and phase == '1' then return 0 end
-  local load = P .. 'load'
   local cur = redis.call('HGET', load, R)
   if cur then
     local a, b, c, e = string.match(cur, '^(%d+),(%d+),(%d+),(%d+)$')
@@ -26,7 +26,7 @@ local function unbook(P, id, full)
   end
   if full then
     redis.call('HDEL', lb, id)
-    redis.call('ZREM', P .. 'leases', id)
+    redis.call('ZREM', leases, id)
   else
     redis.call('HSET', lb, id, R .. ',' .. pre .. ',' .. dec .. ',1')
   end

@@ -1,5 +1,8 @@
--- lib.lua is prepended to the index scripts (apply, reset, purge, approx).
--- ARGV[1] is the model prefix P, ARGV[2] the replica R.
+-- lib.lua is prepended to the index scripts (apply, slot, reset, purge,
+-- approx). Their first three keys are lib's: KEYS[1] = P..'blk', KEYS[2] =
+-- P..'load', KEYS[3] = P..'slotfree' (P = kvr:{m:<model>}:, one hash tag,
+-- one Cluster slot); each script's own keys follow. ARGV[1] is the replica
+-- R.
 --
 -- Every block of a model is one field of the hash P..'blk': the router key
 -- as 8 big-endian bytes -> parent key (8) | first child key (8, zero: none)
@@ -20,12 +23,16 @@
 -- Bits are set without the bit library (miniredis's Lua lacks it): the slot
 -- is byte SI (1-based) of a bitmap, bit value SM (1 << slot%8).
 
-local P = ARGV[1]
-local R = ARGV[2]
-local BLK = P .. 'blk'
-local SLOTS = P .. 'load' -- slots live beside the loads: R..'#i' -> slot, '#n' next slot
+local BLK = KEYS[1]
+local SLOTS = KEYS[2] -- slots live beside the loads: R..'#i' -> slot, '#n' next slot
+local SLOTFREE = KEYS[3]
+-- The children sets P..'k:'..<key> are found while walking the tree, so
+-- no caller can name them in advance: they are the one family of keys not
+-- in KEYS, and they are built from BLK's name (so its hash tag, so its
+-- slot), never from an argument.
+local P = string.sub(BLK, 1, #BLK - 3)
+local R = ARGV[1]
 local RI = R .. '#i'
-local SLOTFREE = P .. 'slotfree'
 local MAXSLOT = 1024
 local Z8 = '\0\0\0\0\0\0\0\0'
 local floor = math.floor

@@ -1,7 +1,7 @@
 -- lookup.lua answers which leading blocks of a request's key chain every
 -- replica slot holds.
--- KEYS[1] = kvr:{m}:load
--- ARGV = prefix, now_ms, keys (8 big-endian bytes each, one string).
+-- KEYS = kvr:{m}:blk, kvr:{m}:ax
+-- ARGV = now_ms, keys (8 big-endian bytes each, one string).
 -- The candidates' slots and loads are read by a plain HMGET pipelined with
 -- this script (Redis turns a long reply into Lua values slowly).
 -- Returns {segments, approx segments}: segments is a flat
@@ -15,9 +15,8 @@
 -- The search keeps the open ranges [lo, hi] with v(lo) ~= v(hi), hi > lo + 1
 -- and reads all their midpoints with ONE HMGET per level: about log2(n)
 -- HMGETs in all, each with one field per distinct answer boundary.
-local P = ARGV[1]
-local now = tonumber(ARGV[2])
-local blob = ARGV[3]
+local now = tonumber(ARGV[1])
+local blob = ARGV[2]
 local n = #blob / 8
 local sub, byte = string.sub, string.byte
 local floor = math.floor
@@ -103,4 +102,4 @@ local function search(hkey, conv)
   return segs
 end
 
-return {search(P .. 'blk', evVal), search(P .. 'ax', axVal)}
+return {search(KEYS[1], evVal), search(KEYS[2], axVal)}

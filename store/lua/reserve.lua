@@ -1,15 +1,15 @@
 -- reserve.lua books a lease on a replica's load if the load's version is
 -- still the one the caller scored on (ifVersion < 0: unconditionally).
--- KEYS[1] = kvr:{m}:load
--- ARGV = prefix, request id, replica, prefill, decode, expiry_ms, ifVersion
+-- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
+-- ARGV = request id, replica, prefill, decode, expiry_ms, ifVersion
 -- Load field <replica> = "prefill,decode,requests,version"; lease bodies in
 -- kvr:{m}:lb (id -> "replica,prefill,decode,phase"), expiries in kvr:{m}:leases.
 -- Returns {status, booked load, scraped}: 1 booked, 0 version moved on,
 -- 2 the request already holds a lease (a retry: nothing booked twice).
-local P, id, R = ARGV[1], ARGV[2], ARGV[3]
-local pre, dec = tonumber(ARGV[4]), tonumber(ARGV[5])
-local ifv = tonumber(ARGV[7])
-local lb = P .. 'lb'
+local id, R = ARGV[1], ARGV[2]
+local pre, dec = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ifv = tonumber(ARGV[6])
+local lb = KEYS[2]
 local cur = redis.call('HMGET', KEYS[1], R, R .. '#s')
 if redis.call('HEXISTS', lb, id) == 1 then return {2, cur[1], cur[2]} end
 local p, d, n, v = 0, 0, 0, 0
@@ -21,5 +21,5 @@ if ifv >= 0 and ifv ~= v then return {0, cur[1], cur[2]} end
 local booked = (p + pre) .. ',' .. (d + dec) .. ',' .. (n + 1) .. ',' .. (v + 1)
 redis.call('HSET', KEYS[1], R, booked)
 redis.call('HSET', lb, id, R .. ',' .. pre .. ',' .. dec .. ',0')
-redis.call('ZADD', P .. 'leases', ARGV[6], id)
+redis.call('ZADD', KEYS[3], ARGV[5], id)
 return {1, booked, cur[2]}

@@ -2,5 +2,5 @@
 -- stored block would: Go needs the slot to compute a batch's entries for
 -- applyfast.lua, so that even a replica's first batches skip apply.lua's
 -- general path.
--- KEYS[1] = P..'load'; ARGV = prefix, replica, now_ms.
-return slotOf(true, ARGV[3])
+-- KEYS = lib's three (blk, load, slotfree); ARGV = replica, now_ms.
+return slotOf(true, ARGV[2])

@@ -1,12 +1,11 @@
--- sweepapprox.lua drops expired approximate pairs, one minute list at a
--- time (see approx.lua), at most ARGV[3] keys per call.
--- KEYS[1] = P..'ax'; ARGV = prefix, now_ms, limit.
--- Returns {pairs dropped, 1 if more is due}.
-local P, now, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- sweepapprox.lua drops expired approximate pairs of one minute list (see
+-- approx.lua), at most ARGV[3] keys per call. Go reads which minute is due
+-- from P..'axq' first, so that the list is a declared key.
+-- KEYS = P..'ax', P..'axq', P..'axb:'..<minute>; ARGV = minute, now_ms, limit.
+-- Returns the pairs dropped.
+local minute, now, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local sub, byte = string.sub, string.byte
-local due = redis.call('ZRANGEBYSCORE', P .. 'axq', '-inf', now, 'LIMIT', 0, 1)
-if not due[1] then return {0, 0} end
-local lk = P .. 'axb:' .. due[1]
+local lk = KEYS[3]
 local keys = redis.call('LRANGE', lk, 0, limit - 1)
 redis.call('LTRIM', lk, #keys, -1)
 local dropped = 0
@@ -37,5 +36,5 @@ if #keys > 0 then
   if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
   if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
 end
-if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', P .. 'axq', due[1]) end
-return {dropped, 1}
+if redis.call('EXISTS', lk) == 0 then redis.call('ZREM', KEYS[2], minute) end
+return dropped

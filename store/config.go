@@ -1,0 +1,322 @@
+package store
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Config says how every kvroute process reaches Redis: one server, a
+// Sentinel-managed primary or a Cluster, chosen the way go-redis's
+// universal client chooses (a master name means Sentinel, several seed
+// addresses mean a Cluster, anything else one server). The zero Config
+// names no Redis (see Configured).
+type Config struct {
+	// URL is a redis:// or rediss:// URL. It gives the scheme (rediss://
+	// turns TLS on), user, password, database and client options in its
+	// query (dial_timeout, read_timeout, write_timeout, max_retries,
+	// pool_size, …, which override kvroute's request-path defaults). Its
+	// host is the server, unless Addrs is set.
+	URL string
+	// Addrs are host:port seeds that replace the URL's host: several mean
+	// a Cluster; with MasterName they are the Sentinels.
+	Addrs []string
+	// Cluster selects the Cluster client with a single seed (a managed
+	// cluster's configuration endpoint).
+	Cluster bool
+	// MasterName selects Sentinel: the seeds are Sentinels and this is
+	// the name of the primary they watch.
+	MasterName string
+	// Username and Password are the ACL user and password; they override
+	// the URL's. PasswordFile names a file holding the password instead
+	// (a mounted secret): it is read at Open and again for every new
+	// connection, so a rotated secret is picked up without a restart.
+	Username     string
+	Password     string
+	PasswordFile string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// when they have their own ACL (Sentinel only).
+	SentinelUsername string
+	SentinelPassword string
+	// TLS turns TLS on without a rediss:// URL; any TLS file implies it.
+	// TLSCAFile holds the PEM CA certificates the server's certificate is
+	// checked against (the system roots when empty); TLSCertFile and
+	// TLSKeyFile are a client certificate for servers that require one
+	// (tls-auth-clients); TLSServerName is the name the server's
+	// certificate must carry when it is not the host dialled (cluster
+	// nodes are dialled by the addresses they announce, often IPs).
+	TLS           bool
+	TLSCAFile     string
+	TLSCertFile   string
+	TLSKeyFile    string
+	TLSServerName string
+}
+
+// Configured reports whether c names a Redis at all; callers that have an
+// embedded mode (kvroute serve) run it when not.
+func (c Config) Configured() bool { return c.URL != "" || len(c.Addrs) > 0 }
+
+// Topology names the client c selects: "single", "sentinel" or "cluster".
+func (c Config) Topology() string {
+	switch {
+	case c.MasterName != "":
+		return "sentinel"
+	case len(c.Addrs) > 1 || c.Cluster:
+		return "cluster"
+	}
+	return "single"
+}
+
+// String describes c for logs: topology and seeds, never a secret.
+func (c Config) String() string {
+	seeds := c.Addrs
+	if len(seeds) == 0 && c.URL != "" {
+		if u, err := url.Parse(c.URL); err == nil {
+			seeds = []string{u.Host}
+		}
+	}
+	s := c.Topology() + " " + strings.Join(seeds, ",")
+	if c.MasterName != "" {
+		s += " master " + c.MasterName
+	}
+	return s
+}
+
+// NewClient builds the Redis client c describes, with the client options
+// of every kvroute process (see ClientOptions) whatever the topology: the
+// one place a kvroute Redis client is made. It does not connect.
+func NewClient(c Config) (redis.UniversalClient, error) {
+	uo, err := universalOptions(c)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(uo), nil
+}
+
+// OpenConfig connects to the Redis c describes and checks that it answers,
+// so that a bad address or password fails at startup rather than on the
+// first request.
+func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
+	rc, err := NewClient(c)
+	if err != nil {
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	s := New(rc, opt)
+	if err := s.c.Ping(ctx).Err(); err != nil {
+		_ = s.Close()
+		return nil, wrap("open "+c.String(), err)
+	}
+	return s, nil
+}
+
+func universalOptions(c Config) (*redis.UniversalOptions, error) {
+	if !c.Configured() {
+		return nil, errors.New("redis: no URL and no addresses")
+	}
+	var o *redis.Options
+	if c.URL != "" {
+		var err error
+		if o, err = ClientOptions(c.URL); err != nil {
+			return nil, err
+		}
+	} else {
+		o = &redis.Options{}
+		requestPathDefaults(o, nil)
+	}
+	addrs := []string{o.Addr}
+	if len(c.Addrs) > 0 {
+		addrs = c.Addrs
+	}
+	for _, a := range addrs {
+		if a == "" || !strings.Contains(a, ":") {
+			return nil, fmt.Errorf("redis address %q: want host:port", a)
+		}
+	}
+	if c.Topology() == "cluster" && o.DB != 0 {
+		return nil, fmt.Errorf("redis: database %d: a Cluster has only database 0", o.DB)
+	}
+	if c.Password != "" && c.PasswordFile != "" {
+		return nil, errors.New("redis: a password and a password file: give one")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return nil, errors.New("redis: a TLS client certificate needs both its certificate and its key file")
+	}
+	uo := &redis.UniversalOptions{
+		Addrs:      addrs,
+		ClientName: o.ClientName,
+		DB:         o.DB,
+		Protocol:   o.Protocol,
+		Username:   o.Username,
+		Password:   o.Password,
+
+		SentinelUsername: c.SentinelUsername,
+		SentinelPassword: c.SentinelPassword,
+
+		MaxRetries:         o.MaxRetries,
+		MinRetryBackoff:    o.MinRetryBackoff,
+		MaxRetryBackoff:    o.MaxRetryBackoff,
+		DialTimeout:        o.DialTimeout,
+		DialerRetries:      o.DialerRetries,
+		DialerRetryTimeout: o.DialerRetryTimeout,
+		ReadTimeout:        o.ReadTimeout,
+		WriteTimeout:       o.WriteTimeout,
+		// The caller's deadline bounds every command (a decision's
+		// budget is the request's), not only the socket timeouts.
+		ContextTimeoutEnabled: true,
+
+		PoolFIFO:        o.PoolFIFO,
+		PoolSize:        o.PoolSize,
+		PoolTimeout:     o.PoolTimeout,
+		MinIdleConns:    o.MinIdleConns,
+		MaxIdleConns:    o.MaxIdleConns,
+		MaxActiveConns:  o.MaxActiveConns,
+		ConnMaxIdleTime: o.ConnMaxIdleTime,
+		ConnMaxLifetime: o.ConnMaxLifetime,
+
+		MasterName:    c.MasterName,
+		IsClusterMode: c.Cluster,
+	}
+	if c.Username != "" {
+		uo.Username = c.Username
+	}
+	if c.Password != "" {
+		uo.Password = c.Password
+	}
+	if c.PasswordFile != "" {
+		cred, err := passwordFile(c.PasswordFile, uo.Username)
+		if err != nil {
+			return nil, err
+		}
+		uo.Password = ""
+		uo.CredentialsProviderContext = cred
+	}
+	tc, err := tlsConfig(c, o.TLSConfig)
+	if err != nil {
+		return nil, err
+	}
+	uo.TLSConfig = tc
+	return uo, nil
+}
+
+// passwordFile reads the password in path now (so that a missing secret
+// fails at startup) and returns a credentials provider that reads it again
+// for every new connection, keeping the last good value when the file is
+// briefly absent (a secret being swapped).
+func passwordFile(path, user string) (func(context.Context) (string, string, error), error) {
+	read := func() (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("redis password file: %w", err)
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+	pw, err := read()
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	return func(context.Context) (string, string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p, err := read(); err == nil {
+			pw = p
+		}
+		return user, pw, nil
+	}, nil
+}
+
+// tlsConfig returns the TLS settings of c on top of the URL's (rediss://
+// gives a config naming the URL's host), or nil for plain TCP.
+func tlsConfig(c Config, fromURL *tls.Config) (*tls.Config, error) {
+	on := fromURL != nil || c.TLS || c.TLSCAFile != "" || c.TLSCertFile != "" || c.TLSServerName != ""
+	if !on {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if fromURL != nil {
+		tc = fromURL.Clone()
+		if tc.MinVersion == 0 {
+			tc.MinVersion = tls.VersionTLS12
+		}
+	}
+	if c.TLSServerName != "" {
+		tc.ServerName = c.TLSServerName
+	}
+	if c.TLSCAFile != "" {
+		pem, err := os.ReadFile(c.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("redis TLS CA %s: no PEM certificate", c.TLSCAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if c.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("redis TLS client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// ClientOptions parses a Redis URL into the client options of every
+// kvroute process, scoring pods and ingestors alike, so that the two never
+// run with different timeouts. Decisions sit on the request path, so
+// unless the URL says otherwise a dead server is noticed in milliseconds
+// (go-redis's own defaults are a 5 s dial, 3 s reads, 3 command retries and
+// 5 dial retries: about 2 s per decision) and the router falls back to
+// degraded mode. The URL's own query parameters (dial_timeout,
+// read_timeout, write_timeout, max_retries, max_retry_backoff, pool_size,
+// …) win. NewClient applies the same options to every topology.
+func ClientOptions(rawURL string) (*redis.Options, error) {
+	o, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("redis url: %w", err)
+	}
+	requestPathDefaults(o, u.Query())
+	o.ContextTimeoutEnabled = true
+	return o, nil
+}
+
+// requestPathDefaults sets kvroute's client defaults on o where q (a URL's
+// query; nil: none) does not set them.
+func requestPathDefaults(o *redis.Options, q url.Values) {
+	if !q.Has("dial_timeout") {
+		o.DialTimeout = 300 * time.Millisecond
+	}
+	if !q.Has("read_timeout") {
+		o.ReadTimeout = 500 * time.Millisecond
+	}
+	if !q.Has("write_timeout") {
+		o.WriteTimeout = 500 * time.Millisecond
+	}
+	if !q.Has("max_retries") {
+		// One retry rescues a pooled connection a Redis restart killed;
+		// more only delay the fall-back.
+		o.MaxRetries = 1
+	}
+	if !q.Has("max_retry_backoff") {
+		o.MaxRetryBackoff = 20 * time.Millisecond
+	}
+	// go-redis also retries a refused dial five times 100 ms apart, on
+	// every command: 0.8 s per decision during an outage.
+	o.DialerRetries = 1
+	o.DialerRetryTimeout = 10 * time.Millisecond
+}
