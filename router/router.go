@@ -33,6 +33,10 @@ type Index interface {
 	RecordApprox(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
 	Advance(ctx context.Context, requestID string) (bool, error)
 	Release(ctx context.Context, requestID string) (bool, error)
+	// Loads returns, per replica in order, the load booked on it: a
+	// decision whose booking lost a race re-reads them all before it
+	// scores again.
+	Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
 // Registry lists the fleet.
@@ -65,6 +69,11 @@ type Config struct {
 	// during an outage every decision is degraded at once instead of
 	// waiting out a connection attempt first.
 	StoreBackoff time.Duration
+	// StoreTimeout bounds each store call of a decision or a progress
+	// report, well inside the request's own deadline, so that a hung
+	// store turns decisions degraded instead of stalling them; zero means
+	// 250 ms.
+	StoreTimeout time.Duration
 	// DecodeBooking is what a decision books as decode work; empty means
 	// BookOutput, the service's default.
 	DecodeBooking DecodeBooking
@@ -83,6 +92,7 @@ func DefaultConfig() Config {
 		RegistryTTL:  250 * time.Millisecond,
 		MaxTokens:    256,
 		StoreBackoff: time.Second,
+		StoreTimeout: 250 * time.Millisecond,
 	}
 }
 
@@ -129,6 +139,9 @@ type Router struct {
 	// downUntil (unix nanoseconds) is when the store may be tried again
 	// after a failure.
 	downUntil atomic.Int64
+	// progress holds first-token and release reports the store could not
+	// take; Run retries them.
+	progress progressQueue
 }
 
 // Options are the router's injected dependencies; each nil field gets the
@@ -158,6 +171,12 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	}
 	if err := validBooking(cfg.DecodeBooking); err != nil {
 		return nil, fmt.Errorf("router: %w", err)
+	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 250 * time.Millisecond
+	}
+	if cfg.StoreBackoff <= 0 {
+		cfg.StoreBackoff = time.Second
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now
@@ -210,6 +229,12 @@ func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
 	return kvroute.KeySpace{Model: model, LoRA: lora, Seed: r.cfg.Seed}
 }
 
+// maxBookingAttempts is how many times a decision that lost a booking race
+// re-scores before it books regardless. Each retry re-reads the loads, so
+// a burst of simultaneous decisions from many pods converges on the
+// placement the same decisions would get in sequence.
+const maxBookingAttempts = 8
+
 // Route answers one request. With the store unreachable it still decides
 // (round-robin over the last replicas it knew to be healthy) and says so in
 // Decision.Degraded rather than failing while any replica is known.
@@ -248,7 +273,9 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	var overlaps []kvroute.Overlap
 	var loads []kvroute.Load
 	if !stale {
-		overlaps, loads, err = r.idx.Lookup(ctx, req.Model, keys, ids)
+		sctx, cancel := r.storeCtx(ctx)
+		overlaps, loads, err = r.idx.Lookup(sctx, req.Model, keys, ids)
+		cancel()
 	}
 	if stale || err != nil {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
@@ -283,14 +310,16 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 			return Decision{}, fmt.Errorf("router: %w", err)
 		}
 		// After a few lost races the booking goes through regardless: a
-		// decision must finish, and the loser's view is at most one
-		// booking stale.
+		// decision must finish, and the loser's view is at most a few
+		// bookings stale.
 		p := out.Pick
 		ifVersion := loads[p].Version
-		if attempt >= 3 {
+		if attempt >= maxBookingAttempts {
 			ifVersion = -1
 		}
-		booked, cur, err := r.idx.Reserve(ctx, out.Lease, ifVersion)
+		sctx, cancel := r.storeCtx(ctx)
+		booked, cur, err := r.idx.Reserve(sctx, out.Lease, ifVersion)
+		cancel()
 		if err != nil {
 			if errors.Is(err, kvroute.ErrUnavailable) {
 				r.markDown()
@@ -301,8 +330,20 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		if booked {
 			break
 		}
+		// Another pod booked first: a burst is under way, and every
+		// candidate's load may have moved, not only this one's. Re-read
+		// them all, so that the burst places as the same decisions made
+		// one after another would.
 		loads[p] = cur
-		in.Candidates[p].Load = scoringLoad(cur)
+		sctx, cancel = r.storeCtx(ctx)
+		fresh, err := r.idx.Loads(sctx, req.Model, ids)
+		cancel()
+		if err == nil && len(fresh) == len(loads) {
+			loads = fresh
+		}
+		for i := range in.Candidates {
+			in.Candidates[i].Load = scoringLoad(loads[i])
+		}
 	}
 	p := out.Pick
 	d.Replica = fleet[p]
@@ -311,7 +352,10 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	// Replicas that publish no events are known only from what we send
 	// them: remember it, apart from event-fed entries and with a TTL.
 	if out.RecordApprox {
-		if err := r.idx.RecordApprox(ctx, req.Model, fleet[p].ID, keys); err != nil {
+		sctx, cancel := r.storeCtx(ctx)
+		err := r.idx.RecordApprox(sctx, req.Model, fleet[p].ID, keys)
+		cancel()
+		if err != nil {
 			r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
 		}
 	}
@@ -329,23 +373,37 @@ func scoringLoad(l kvroute.Load) scoring.Load {
 	}
 }
 
-// FirstToken moves a request's booking from prefill to decode.
-func (r *Router) FirstToken(ctx context.Context, requestID string) (bool, error) {
-	ok, err := r.idx.Advance(ctx, requestID)
-	if err != nil {
-		return false, fmt.Errorf("router: first token: %w", err)
+// CanDecide reports whether this pod can answer decisions now: the store
+// answers, or it is down and the pod knows a fleet to route over in
+// degraded mode. A pod that can decide is ready for traffic; taking every
+// pod out of a load balancer because the store hiccuped would turn a
+// degraded service into no service.
+func (r *Router) CanDecide(ctx context.Context) error {
+	c := &r.cached
+	c.mu.Lock()
+	known := c.valid && len(c.replicas) > 0
+	c.mu.Unlock()
+	if r.storeDown() && known {
+		return nil
 	}
-	return ok, nil
+	if _, _, err := r.replicas(ctx); err != nil {
+		return err
+	}
+	if r.storeDown() {
+		c.mu.Lock()
+		known = c.valid && len(c.replicas) > 0
+		c.mu.Unlock()
+		if !known {
+			return fmt.Errorf("router: the state store is unreachable and no fleet is known: %w", kvroute.ErrUnavailable)
+		}
+	}
+	return nil
 }
 
-// Release ends a request's booking.
-func (r *Router) Release(ctx context.Context, requestID string) (bool, error) {
-	ok, err := r.idx.Release(ctx, requestID)
-	if err != nil {
-		return false, fmt.Errorf("router: release: %w", err)
-	}
-	return ok, nil
-}
+// StoreUp reports whether the last store call succeeded (no backoff
+// window is running): the store's state, which /metrics reports apart
+// from readiness.
+func (r *Router) StoreUp() bool { return !r.storeDown() }
 
 // Fleet is the routable replicas of model, from the registry as this pod
 // last read it (at most RegistryTTL old, or the last copy while the store
@@ -431,7 +489,9 @@ func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool,
 		return c.replicas, true, nil
 	}
 	c.mu.Unlock()
-	list, err := r.reg.ListReplicas(ctx)
+	sctx, cancel := r.storeCtx(ctx)
+	list, err := r.reg.ListReplicas(sctx)
+	cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {

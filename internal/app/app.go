@@ -150,6 +150,18 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 
 	a.Registry = prometheus.NewRegistry()
 	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_store_up",
+		Help: "1 while the state store answers, 0 while decisions skip it (degraded); reported apart from readiness.",
+	}, func() float64 {
+		if a.Router.StoreUp() {
+			return 1
+		}
+		return 0
+	}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvroute_progress_reports_queued",
+		Help: "First-token and release reports waiting for the state store, retried in the background.",
+	}, func() float64 { return float64(a.Router.Queued()) }))
 	if a.Prompts, err = a.buildPrompts(cfg.Tokenizers); err != nil {
 		return nil, err
 	}
@@ -180,13 +192,17 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	return a, nil
 }
 
-// ready is /readyz: every task routing depends on is alive, and the store
-// answers.
+// ready is /readyz: this pod can answer decisions. Every task routing
+// depends on is alive, and the store answers or, while it does not, the
+// pod knows a fleet to route over degraded. The store's own state is
+// kvroute_store_up in /metrics, not readiness: every pod would fail
+// readiness together when the store hiccups, and degraded mode would
+// never serve.
 func (a *App) ready(ctx context.Context) error {
 	if err := a.failed.Load(); err != nil {
 		return *err
 	}
-	return a.Store.Ping(ctx)
+	return a.Router.CanDecide(ctx)
 }
 
 // Start listens, then runs the server and the tasks as one run group in
@@ -214,7 +230,10 @@ func (a *App) Start() error {
 			a.drainErr = errors.Join(fmt.Errorf("shutdown: %w", err), a.srv.Close())
 		}
 	})
-	for _, t := range a.cfg.Tasks {
+	// Progress reports the store could not take are retried in the
+	// background; the retrier is a task like any other.
+	tasks := append([]Task{{Name: "progress-reports", Run: func(ctx context.Context, a *App) error { return a.Router.Run(ctx) }}}, a.cfg.Tasks...)
+	for _, t := range tasks {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return a.runTask(ctx, t) }, func(error) { cancel() })
 	}

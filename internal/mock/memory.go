@@ -60,6 +60,7 @@ func (m *Memory) Index() *Index {
 		RecordApproxFn: m.recordApprox,
 		AdvanceFn:      m.advance,
 		ReleaseFn:      m.release,
+		LoadsFn:        m.listLoads,
 	}
 }
 

@@ -39,6 +39,7 @@ type Index struct {
 	RecordApproxFn func(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
 	AdvanceFn      func(ctx context.Context, requestID string) (bool, error)
 	ReleaseFn      func(ctx context.Context, requestID string) (bool, error)
+	LoadsFn        func(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
 // Lookup calls LookupFn.
@@ -64,6 +65,11 @@ func (i *Index) Advance(ctx context.Context, requestID string) (bool, error) {
 // Release calls ReleaseFn.
 func (i *Index) Release(ctx context.Context, requestID string) (bool, error) {
 	return i.ReleaseFn(ctx, requestID)
+}
+
+// Loads calls LoadsFn.
+func (i *Index) Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error) {
+	return i.LoadsFn(ctx, model, replicas)
 }
 
 // Registry is both a router.Registry and an api.Registry, because the store

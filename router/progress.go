@@ -1,0 +1,178 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Progress reports (first token, release) must never hold a client up:
+// a proxied stream's first byte, or a client's release call, should not
+// wait out a hung store. Each is tried once within StoreTimeout; if the
+// store is unreachable it is queued in process and retried in the
+// background (Run) until it lands, the lease is gone, or the report is
+// older than the longest lease could live. A lease that is never
+// released still expires on its own: the queue only makes the load view
+// right sooner.
+
+// ErrQueued says a progress report could not reach the store now and was
+// queued for retry; the caller may answer 202. It wraps
+// kvroute.ErrUnavailable for callers that do not tell them apart.
+var ErrQueued = fmt.Errorf("queued for retry: %w", kvroute.ErrUnavailable)
+
+// progressKind is which report.
+type progressKind uint8
+
+const (
+	reportFirstToken progressKind = iota
+	reportRelease
+)
+
+type report struct {
+	kind progressKind
+	id   string
+	at   time.Time
+}
+
+// progressQueue holds reports that could not reach the store, in order.
+// A release supersedes the same request's first-token report.
+type progressQueue struct {
+	mu      sync.Mutex
+	pending []report
+	dropped int
+}
+
+// maxQueued bounds the queue: past it the oldest reports are dropped
+// (their leases expire on their own).
+const maxQueued = 100_000
+
+func (q *progressQueue) push(r report) {
+	q.mu.Lock()
+	if r.kind == reportRelease {
+		kept := q.pending[:0]
+		for _, p := range q.pending {
+			if p.id != r.id {
+				kept = append(kept, p)
+			}
+		}
+		q.pending = kept
+	}
+	q.pending = append(q.pending, r)
+	if over := len(q.pending) - maxQueued; over > 0 {
+		q.pending = append(q.pending[:0], q.pending[over:]...)
+		q.dropped += over
+	}
+	q.mu.Unlock()
+}
+
+func (q *progressQueue) take() []report {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.pending
+	q.pending = nil
+	return out
+}
+
+// Queued is how many progress reports wait for the store.
+func (r *Router) Queued() int {
+	r.progress.mu.Lock()
+	defer r.progress.mu.Unlock()
+	return len(r.progress.pending)
+}
+
+// FirstToken moves a request's booking from prefill to decode. If the
+// store cannot be reached within StoreTimeout the report is queued and
+// ErrQueued returned.
+func (r *Router) FirstToken(ctx context.Context, requestID string) (bool, error) {
+	return r.report(ctx, report{kind: reportFirstToken, id: requestID, at: r.now()})
+}
+
+// Release ends a request's booking, or queues the release as FirstToken
+// does.
+func (r *Router) Release(ctx context.Context, requestID string) (bool, error) {
+	return r.report(ctx, report{kind: reportRelease, id: requestID, at: r.now()})
+}
+
+func (r *Router) report(ctx context.Context, rep report) (bool, error) {
+	op := "first token"
+	if rep.kind == reportRelease {
+		op = "release"
+	}
+	if r.storeDown() {
+		r.progress.push(rep)
+		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
+	}
+	found, err := r.send(ctx, rep)
+	switch {
+	case err == nil:
+		return found, nil
+	case errors.Is(err, kvroute.ErrUnavailable):
+		r.markDown()
+		r.progress.push(rep)
+		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
+	}
+	return false, fmt.Errorf("router: %s: %w", op, err)
+}
+
+// send delivers one report within StoreTimeout.
+func (r *Router) send(ctx context.Context, rep report) (bool, error) {
+	ctx, cancel := r.storeCtx(ctx)
+	defer cancel()
+	if rep.kind == reportRelease {
+		return r.idx.Release(ctx, rep.id)
+	}
+	return r.idx.Advance(ctx, rep.id)
+}
+
+// Run retries queued progress reports until ctx is done. It is one of the
+// serving process's tasks; without it queued reports wait (and their
+// leases expire on their own).
+func (r *Router) Run(ctx context.Context) error {
+	retry := time.NewTicker(r.cfg.StoreBackoff)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-retry.C:
+		}
+		reps := r.progress.take()
+		if len(reps) == 0 {
+			continue
+		}
+		horizon := r.now().Add(-r.maxLease())
+		for i, rep := range reps {
+			if rep.at.Before(horizon) {
+				continue // the lease has expired by now
+			}
+			if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
+				// Still down: put this and the rest back, in order.
+				for _, back := range reps[i:] {
+					r.progress.push(back)
+				}
+				r.markDown()
+				break
+			} else if err != nil && ctx.Err() == nil {
+				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
+			}
+		}
+	}
+}
+
+func (r *Router) maxLease() time.Duration {
+	if r.cfg.MaxLease > 0 {
+		return r.cfg.MaxLease
+	}
+	return MaxLease
+}
+
+// storeCtx bounds one store call by StoreTimeout, well inside a
+// request's own deadline, so that a hung store turns decisions degraded
+// instead of stalling them.
+func (r *Router) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.cfg.StoreTimeout)
+}
