@@ -1,0 +1,293 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ClusterNodeTimeout is the cluster-node-timeout of a test cluster: short,
+// so that a stopped primary is declared failed (and its slots CLUSTERDOWN)
+// within a test's time, and back soon after it returns.
+const ClusterNodeTimeout = 1000 * time.Millisecond
+
+// RedisCluster is a real Redis Cluster of primaries (no replicas) started
+// for one test on loopback, each node with AOF on in its own data
+// directory, stopped when the test ends.
+type RedisCluster struct {
+	bin     string
+	version string
+	mu      sync.Mutex
+	nodes   []*clusterNode
+}
+
+type clusterNode struct {
+	port, bus int
+	dir       string
+	cmd       *exec.Cmd
+	exited    chan error
+	out       *strings.Builder
+}
+
+func (n *clusterNode) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port)) }
+
+// Cluster starts a Redis Cluster of primaries (at least 3, as redis-cli
+// --cluster create requires) with every slot assigned, waits until every
+// node reports cluster_state:ok, and logs "real Redis Cluster" with its
+// version and addresses. Without redis-server or redis-cli the test is
+// skipped, or fails when CI is set. The processes it started are killed
+// when the test ends, and only those.
+//
+// The cluster runs with cluster-require-full-coverage no, as a router's
+// Redis should: a shard that is down makes only its own slots (models)
+// unavailable.
+func Cluster(tb testing.TB, primaries int) *RedisCluster {
+	tb.Helper()
+	if primaries < 3 {
+		tb.Fatalf("redistest: a cluster needs at least 3 primaries, got %d", primaries)
+	}
+	bin := lookPath(tb, "redis-server")
+	cli := lookPath(tb, "redis-cli")
+	c := &RedisCluster{bin: bin}
+	tb.Cleanup(c.killAll)
+	root := tb.TempDir()
+	used := map[int]bool{}
+	for i := range primaries {
+		n := &clusterNode{dir: filepath.Join(root, "node"+strconv.Itoa(i))}
+		if err := os.Mkdir(n.dir, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		var last error
+		// A port found free may be taken before redis-server binds it.
+		for range 5 {
+			if n.port, n.bus, last = twoFreePorts(used); last != nil {
+				continue
+			}
+			if last = c.start(n); last == nil {
+				break
+			}
+		}
+		if last != nil {
+			tb.Fatalf("redistest: starting cluster node %d: %v", i, last)
+		}
+		used[n.port], used[n.bus] = true, true
+		c.nodes = append(c.nodes, n)
+	}
+	args := []string{"--cluster", "create"}
+	args = append(args, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redistest: redis-cli --cluster create: %v: %s", err, out)
+	}
+	c.WaitOK(tb, 30*time.Second)
+	tb.Logf("real Redis Cluster %s: %d primaries at %s", c.version, primaries, strings.Join(c.Addrs(), ","))
+	return c
+}
+
+func lookPath(tb testing.TB, name string) string {
+	tb.Helper()
+	bin, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			tb.Fatalf("redistest: %s not installed (CI is set): %v", name, err)
+		}
+		tb.Skipf("redistest: %s not installed", name)
+	}
+	return bin
+}
+
+// twoFreePorts returns a client port and a cluster bus port, distinct from
+// each other and from those already used.
+func twoFreePorts(used map[int]bool) (int, int, error) {
+	var ports []int
+	for len(ports) < 2 {
+		p, err := freePort()
+		if err != nil {
+			return 0, 0, err
+		}
+		if !used[p] && (len(ports) == 0 || ports[0] != p) {
+			ports = append(ports, p)
+		}
+	}
+	return ports[0], ports[1], nil
+}
+
+// start runs n's redis-server (on its port and data directory: a restart
+// reads its nodes.conf and AOF back) and waits until it answers.
+func (c *RedisCluster) start(n *clusterNode) error {
+	cmd := exec.Command(c.bin,
+		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--protected-mode", "no",
+		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-port", strconv.Itoa(n.bus),
+		"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout.Milliseconds())),
+		"--cluster-require-full-coverage", "no",
+		"--appendonly", "yes", "--save", "", "--dir", n.dir)
+	n.out = &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = n.out, n.out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	n.cmd, n.exited = cmd, exited
+	rc := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
+	defer rc.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			n.cmd = nil
+			return fmt.Errorf("redis-server exited: %v: %s", err, n.out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		info, err := rc.Info(ctx, "server").Result()
+		cancel()
+		if err == nil {
+			c.version = infoField(info, "redis_version")
+			return nil
+		}
+		if time.Now().After(deadline) {
+			n.kill(syscall.SIGKILL)
+			return fmt.Errorf("redis-server at %s not ready: %v: %s", n.addr(), err, n.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill signals n's process, if it runs, and waits for it to exit.
+func (n *clusterNode) kill(sig syscall.Signal) {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Signal(sig)
+	<-n.exited
+	n.cmd = nil
+}
+
+func (c *RedisCluster) killAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.nodes {
+		n.kill(syscall.SIGKILL)
+	}
+}
+
+// Addrs returns the primaries' host:port addresses: the seeds a client is
+// given.
+func (c *RedisCluster) Addrs() []string {
+	out := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n.addr()
+	}
+	return out
+}
+
+// Stop stops primary i with sig (syscall.SIGTERM: a clean shutdown that
+// flushes its AOF; syscall.SIGKILL: a crash, losing up to the last second
+// of writes) and waits until it has exited.
+func (c *RedisCluster) Stop(tb testing.TB, i int, sig syscall.Signal) {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.nodes[i].kill(sig)
+	tb.Logf("redistest: cluster node %s stopped (%v)", c.nodes[i].addr(), sig)
+}
+
+// Start starts primary i again on its port and data directory, after Stop:
+// it reads its cluster configuration and AOF back and rejoins.
+func (c *RedisCluster) Start(tb testing.TB, i int) {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[i]
+	if n.cmd != nil {
+		tb.Fatalf("redistest: cluster node %s already runs", n.addr())
+	}
+	if err := c.start(n); err != nil {
+		tb.Fatalf("redistest: restarting cluster node %s: %v", n.addr(), err)
+	}
+	tb.Logf("redistest: cluster node %s started again", n.addr())
+}
+
+// Restart stops primary i with sig, leaves it down for down, and starts it
+// again (see Stop and Start). It does not wait for the cluster to be ok.
+func (c *RedisCluster) Restart(tb testing.TB, i int, sig syscall.Signal, down time.Duration) {
+	tb.Helper()
+	c.Stop(tb, i, sig)
+	time.Sleep(down)
+	c.Start(tb, i)
+}
+
+// WaitOK waits until every node reports cluster_state:ok and every slot is
+// assigned, failing the test after timeout.
+func (c *RedisCluster) WaitOK(tb testing.TB, timeout time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		ok := true
+		for _, a := range c.Addrs() {
+			rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			info, err := rc.ClusterInfo(ctx).Result()
+			cancel()
+			_ = rc.Close()
+			if err != nil {
+				ok, last = false, a+": "+err.Error()
+				break
+			}
+			if infoField(info, "cluster_state") != "ok" || infoField(info, "cluster_slots_ok") != "16384" {
+				ok, last = false, a+": "+strings.ReplaceAll(strings.TrimSpace(info), "\r\n", " ")
+				break
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: cluster not ok after %v: %s", timeout, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Primary returns the index (into Addrs) of the primary serving key's slot.
+func (c *RedisCluster) Primary(tb testing.TB, key string) int {
+	tb.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: c.Addrs()[0], MaxRetries: -1})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	slot, err := rc.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		tb.Fatalf("redistest: cluster keyslot %q: %v", key, err)
+	}
+	slots, err := rc.ClusterSlots(ctx).Result()
+	if err != nil {
+		tb.Fatalf("redistest: cluster slots: %v", err)
+	}
+	for _, r := range slots {
+		if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+			for i, a := range c.Addrs() {
+				if r.Nodes[0].Addr == a {
+					return i
+				}
+			}
+		}
+	}
+	tb.Fatalf("redistest: no primary serves slot %d of %q", slot, key)
+	return -1
+}

@@ -1,0 +1,57 @@
+package redistest_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestCluster(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	keys := []string{"{a}k", "{b}k", "{c}k", "{d}k", "{e}k"}
+	t.Run("every slot served", func(t *testing.T) {
+		owners := map[int]bool{}
+		for _, k := range keys {
+			if err := rc.Set(ctx, k, "v-"+k, 0).Err(); err != nil {
+				t.Fatalf("set %s: %v", k, err)
+			}
+			owners[c.Primary(t, k)] = true
+		}
+		if got := len(owners); got < 2 {
+			t.Errorf("keys landed on %d primaries, want at least 2", got)
+		}
+	})
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		t.Run("restart "+sig.String(), func(t *testing.T) {
+			i := c.Primary(t, keys[0])
+			// Under SIGKILL, appendfsync everysec may lose the last
+			// second of writes: the ones above are older.
+			c.Stop(t, i, sig)
+			time.Sleep(200 * time.Millisecond)
+			c.Start(t, i)
+			c.WaitOK(t, 30*time.Second)
+			for _, k := range keys {
+				var got string
+				var err error
+				// The client finds the node again after its restart.
+				for range 50 {
+					if got, err = rc.Get(ctx, k).Result(); err == nil {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if err != nil || got != "v-"+k {
+					t.Errorf("get %s after restart = %q, %v; want %q", k, got, err, "v-"+k)
+				}
+			}
+		})
+	}
+}
