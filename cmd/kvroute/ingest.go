@@ -7,15 +7,17 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"time"
 
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/store"
 )
 
 // ingestConfig is everything `kvroute ingest` is configured with.
 type ingestConfig struct {
-	redisURL      string
+	redis         store.Config
 	metricsListen string
 	ing           ingestor.Config
 	log           logConfig
@@ -26,7 +28,7 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 	fs.SetOutput(stderr)
 	host, _ := os.Hostname()
 	c := ingestConfig{}
-	fs.StringVar(&c.redisURL, "redis-url", "", "Redis `URL` holding the index (required: ingestors share the fleet through it)")
+	redisFlags(fs, &c.redis, "Redis `URL` holding the index (this or --redis-addrs is required: ingestors share the fleet through it)")
 	fs.StringVar(&c.metricsListen, "metrics-listen", ":9091", "`address` serving /metrics and /healthz")
 	fs.StringVar(&c.ing.Owner, "owner", fmt.Sprintf("%s-%d", host, os.Getpid()), "this ingestor's `name` in ownership leases; unique per process")
 	fs.StringVar(&c.ing.Bind, "bind", "", "bind one SUB `endpoint` (e.g. tcp://*:5557) for replicas to connect to, instead of dialing each replica")
@@ -55,8 +57,11 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	if c.redisURL == "" {
-		return c, errors.New("--redis-url (KVROUTE_REDIS_URL) is required: an ingestor writes the shared index; for a one-process trial run `kvroute serve` without it")
+	if !c.redis.Configured() {
+		return c, errors.New("--redis-url or --redis-addrs (KVROUTE_REDIS_URL, KVROUTE_REDIS_ADDRS) is required: an ingestor writes the shared index; for a one-process trial run `kvroute serve` without it")
+	}
+	if err := checkRedisFlags(c.redis); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -76,5 +81,9 @@ func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	return app.RunIngest(ctx, app.IngestConfig{RedisURL: c.redisURL, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
+	if !reflect.DeepEqual(c.redis, store.Config{URL: c.redis.URL}) {
+		// internal/app takes a URL until it takes a store.Config.
+		return usageError{fmt.Errorf("redis %s: only --redis-url is wired into the ingestor so far", c.redis)}
+	}
+	return app.RunIngest(ctx, app.IngestConfig{RedisURL: c.redis.URL, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
 }

@@ -24,14 +24,14 @@ func TestParseIngest(t *testing.T) {
 		{name: "redis url required", wantErr: "--redis-url"},
 		{name: "from env", env: map[string]string{"KVROUTE_REDIS_URL": "redis://r:6379", "KVROUTE_SEED": "7", "KVROUTE_LEASE_TTL": "3s"},
 			check: func(t *testing.T, c ingestConfig) {
-				if c.redisURL != "redis://r:6379" || c.ing.Seed != 7 || c.ing.LeaseTTL != 3*time.Second {
-					t.Errorf("got url %q seed %d ttl %v", c.redisURL, c.ing.Seed, c.ing.LeaseTTL)
+				if c.redis.URL != "redis://r:6379" || c.ing.Seed != 7 || c.ing.LeaseTTL != 3*time.Second {
+					t.Errorf("got url %q seed %d ttl %v", c.redis.URL, c.ing.Seed, c.ing.LeaseTTL)
 				}
 			}},
 		{name: "flag wins over env", args: []string{"--redis-url", "redis://flag:1", "--bind", "tcp://*:5557"}, env: map[string]string{"KVROUTE_REDIS_URL": "redis://env:1"},
 			check: func(t *testing.T, c ingestConfig) {
-				if c.redisURL != "redis://flag:1" || c.ing.Bind != "tcp://*:5557" {
-					t.Errorf("got url %q bind %q", c.redisURL, c.ing.Bind)
+				if c.redis.URL != "redis://flag:1" || c.ing.Bind != "tcp://*:5557" {
+					t.Errorf("got url %q bind %q", c.redis.URL, c.ing.Bind)
 				}
 			}},
 		{name: "bad duration", args: []string{"--redis-url", "redis://x:1", "--purge-grace", "soon"}, wantErr: "purge-grace"},
