@@ -30,6 +30,18 @@ const (
 	DefaultMaxBodyBytes = 8 << 20
 	DefaultMaxTokens    = 1_000_000
 	DefaultTimeout      = 2 * time.Second
+	// DefaultMaxOutputTokens bounds max_tokens (and the proxy's
+	// max_completion_tokens): the largest output context of the models
+	// vLLM serves today, and a booking one request can make.
+	DefaultMaxOutputTokens = 131072
+	// DefaultProxyRetries is how many other replicas a proxied request
+	// tries when its replica fails before answering.
+	DefaultProxyRetries = 2
+	// DefaultSuspectTTL is how long a replica that failed a proxied
+	// request is skipped by decisions (while other replicas are
+	// routable): about the ingestor's probe interval, after which its
+	// health check says what is true.
+	DefaultSuspectTTL = 10 * time.Second
 )
 
 // Registry is what the admin endpoints need from the state store. It is
@@ -87,9 +99,31 @@ type Config struct {
 	// caches exactly the blocks kvroute keyed.
 	NoTokenForwarding bool
 	// Transport carries proxied requests to replicas, as
-	// httputil.ReverseProxy's does; nil means http.DefaultTransport. No
-	// overall timeout applies: a streamed generation may run for minutes.
+	// httputil.ReverseProxy's does; nil means a copy of
+	// http.DefaultTransport whose dialer enforces ReplicaPolicy on the
+	// resolved address. No overall timeout applies: a streamed generation
+	// may run for minutes.
 	Transport http.RoundTripper
+	// Access holds the bearer tokens of the admin API, the decision API
+	// and the proxy, and whether /metrics needs one; its zero value
+	// leaves every endpoint open.
+	Access
+	// ReplicaPolicy says which addresses a registered replica may point
+	// at (PUT /v1/replicas/{id}; the proxy's default dialer too); the
+	// zero value refuses link-local and metadata addresses.
+	ReplicaPolicy kvroute.AddressPolicy
+	// MaxOutputTokens bounds a request's max_tokens (and the proxy's
+	// max_completion_tokens), which sizes its booking; a larger value is a
+	// 400 naming the field. Zero means DefaultMaxOutputTokens.
+	MaxOutputTokens int
+	// ProxyRetries is how many other replicas a proxied request tries
+	// when its replica fails before any response byte (connection
+	// refused or reset); zero means DefaultProxyRetries, negative none.
+	ProxyRetries int
+	// SuspectTTL is how long such a replica is skipped by this pod's
+	// decisions while others are routable; zero means
+	// DefaultSuspectTTL.
+	SuspectTTL time.Duration
 }
 
 // Server is the HTTP handler. Build it with New.
@@ -105,6 +139,8 @@ type Server struct {
 	// proxyLog carries httputil.ReverseProxy's own messages (a stream
 	// cut mid-copy) to slog instead of the standard log package.
 	proxyLog *log.Logger
+	// admin and apiTok are the Access tokens' digests.
+	admin, apiTok tokenSet
 }
 
 // New checks cfg, registers the metrics and builds the routes.
@@ -126,6 +162,18 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxOutputTokens <= 0 {
+		cfg.MaxOutputTokens = DefaultMaxOutputTokens
+	}
+	switch {
+	case cfg.ProxyRetries == 0:
+		cfg.ProxyRetries = DefaultProxyRetries
+	case cfg.ProxyRetries < 0:
+		cfg.ProxyRetries = 0
+	}
+	if cfg.SuspectTTL <= 0 {
+		cfg.SuspectTTL = DefaultSuspectTTL
 	}
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
@@ -151,10 +199,19 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: metrics: %w", err)
 	}
+	if err := cfg.Registerer.Register(newRegistrySize(cfg.Registry)); err != nil {
+		return nil, fmt.Errorf("api: metrics: %w", err)
+	}
 	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
 		proxyLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	if s.proxy == nil {
-		s.proxy = http.DefaultTransport
+		s.proxy = guardedTransport(cfg.ReplicaPolicy)
+	}
+	if s.admin, err = newTokenSet("admin", cfg.AdminTokens); err != nil {
+		return nil, err
+	}
+	if s.apiTok, err = newTokenSet("API", cfg.APITokens); err != nil {
+		return nil, err
 	}
 	if s.prompts = cfg.Prompts; s.prompts == nil {
 		if s.prompts, err = prompt.New(prompt.Config{}); err != nil {
@@ -179,25 +236,36 @@ func (s *Server) routes() http.Handler {
 		writeJSON(w, http.StatusMethodNotAllowed, ErrorBody{Error: ErrorDetail{Code: CodeMethod, Message: r.Method + " is not allowed on " + r.URL.Path}})
 	})
 
+	// Probes never need a token: orchestrators call them.
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
-	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})
+	if s.cfg.MetricsAuth {
+		metrics = s.guard(s.admin)(metrics)
+	}
+	r.Method(http.MethodGet, "/metrics", metrics)
 
+	// The decision API and the proxy are open without API tokens; with
+	// them, an admin token opens them too.
+	admin, client := s.guard(s.admin), s.guard(s.apiTok)
+	if !s.apiTok.open() {
+		client = s.guard(s.admin, s.apiTok)
+	}
 	// Everything but the proxy answers within Timeout: a decision that
 	// takes longer than that is worth less than a fast error.
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)
-		r.Post("/v1/route", s.route)
-		r.Post("/v1/requests/{id}/first-token", s.firstToken)
-		r.Post("/v1/requests/{id}/release", s.release)
-		r.Get("/v1/replicas", s.listReplicas)
-		r.Get("/v1/replicas/{id}", s.getReplica)
-		r.Put("/v1/replicas/{id}", s.putReplica)
-		r.Delete("/v1/replicas/{id}", s.deleteReplica)
+		r.With(client).Post("/v1/route", s.route)
+		r.With(client).Post("/v1/requests/{id}/first-token", s.firstToken)
+		r.With(client).Post("/v1/requests/{id}/release", s.release)
+		r.With(client).Get("/v1/models", s.listModels)
+		r.With(admin).Get("/v1/replicas", s.listReplicas)
+		r.With(admin).Get("/v1/replicas/{id}", s.getReplica)
+		r.With(admin).Put("/v1/replicas/{id}", s.putReplica)
+		r.With(admin).Delete("/v1/replicas/{id}", s.deleteReplica)
 	})
-	r.With(s.timeout).Get("/v1/models", s.listModels)
-	r.Post("/v1/completions", s.proxyOpenAI)
-	r.Post("/v1/chat/completions", s.proxyOpenAI)
+	r.With(client).Post("/v1/completions", s.proxyOpenAI)
+	r.With(client).Post("/v1/chat/completions", s.proxyOpenAI)
 	return r
 }
 

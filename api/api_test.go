@@ -244,35 +244,40 @@ func TestRouteStoreDown(t *testing.T) {
 	})
 }
 
+// TestRouteRedirect: /v1/route no longer redirects. Its 307 re-posted the
+// decision body to the replica, which rejects it (no prompt, no stream):
+// the redirect moved to the OpenAI endpoints (TestOpenAIRedirect), and
+// ?redirect=true here is a 400 pointing there. Query booleans are strict.
 func TestRouteRedirect(t *testing.T) {
 	h := newHarness(t, fleet(1, "m"))
 	tests := []struct {
-		name, query, wantLocation string
+		name, query string
+		wantStatus  int
+		wantField   string
 	}{
-		{"default path", "?redirect=true", "http://replica-0:8000/v1/completions"},
-		{"chat path", "?redirect=true&path=/v1/chat/completions", "http://replica-0:8000/v1/chat/completions"},
+		{"redirect refused", "?redirect=true", 400, "redirect"},
+		{"path refused", "?path=/v1/chat/completions", 400, "path"},
+		{"redirect false", "?redirect=false", 200, ""},
+		{"not a boolean", "?redirect=yes", 400, "redirect"},
+		{"empty", "?redirect=", 400, "redirect"},
+		{"twice", "?redirect=false&redirect=true", 400, "redirect"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			status, hdr, raw := h.post(t, "/v1/route"+tt.query, `{"model":"m","token_ids":[1]}`)
-			if status != http.StatusTemporaryRedirect {
-				t.Fatalf("status = %d, want 307; body %s", status, raw)
+			status, _, raw := h.post(t, "/v1/route"+tt.query, `{"model":"m","token_ids":[1]}`)
+			if status != tt.wantStatus {
+				t.Fatalf("status = %d, want %d; body %s", status, tt.wantStatus, raw)
 			}
-			if got := hdr.Get("Location"); got != tt.wantLocation {
-				t.Errorf("Location = %q, want %q", got, tt.wantLocation)
-			}
-			got := decodeJSON[api.RouteResponse](t, raw)
-			if hdr.Get(api.HeaderRequestID) != got.RequestID || hdr.Get(api.HeaderReplica) != "r0" {
-				t.Errorf("decision headers %q %q, want %q r0", hdr.Get(api.HeaderRequestID), hdr.Get(api.HeaderReplica), got.RequestID)
+			if tt.wantField != "" {
+				if got := decodeJSON[api.ErrorBody](t, raw).Error.Field; got != tt.wantField {
+					t.Errorf("field = %q, want %q; body %s", got, tt.wantField, raw)
+				}
 			}
 		})
 	}
-	t.Run("relative path rejected", func(t *testing.T) {
-		status, _, raw := h.post(t, "/v1/route?redirect=true&path=v1", `{"model":"m","token_ids":[1]}`)
-		if status != http.StatusBadRequest || decodeJSON[api.ErrorBody](t, raw).Error.Field != "path" {
-			t.Errorf("got %d %s, want 400 naming path", status, raw)
-		}
-	})
+	if calls := h.store.Calls(); len(calls) != 0 {
+		t.Errorf("refused requests reached the store: %v", calls)
+	}
 }
 
 func TestProgress(t *testing.T) {

@@ -1,12 +1,14 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -22,23 +24,24 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	return io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 }
 
-// decodeStrict decodes a JSON object body into v, rejecting unknown fields
-// (a misspelt option must not be silently ignored), trailing data and
-// bodies over MaxBodyBytes.
+// decodeStrict decodes a JSON object body into v, a pointer to a struct,
+// rejecting unknown fields (a misspelt option must not be silently
+// ignored) and keys that match a field only case-insensitively, duplicate
+// keys, invalid UTF-8, trailing data and bodies over MaxBodyBytes.
 func (s *Server) decodeStrict(w http.ResponseWriter, r *http.Request, v any) error {
-	if err := checkJSON(r); err != nil {
+	body, err := s.readBody(w, r)
+	if err != nil {
 		return err
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err := checkBody(body, jsonFields(reflect.TypeOf(v).Elem()), true); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return err
-		}
 		return fmt.Errorf("%w: unexpected data after the JSON object", kvroute.ErrInvalidInput)
 	}
 	return nil
@@ -76,7 +79,11 @@ func jsonError(err error) error {
 		if ute.Field == "" {
 			return withCode(CodeInvalidJSON, fmt.Errorf("%w: body must be a JSON object", kvroute.ErrInvalidInput))
 		}
-		return &kvroute.FieldError{Field: ute.Field, Msg: "must be " + article(ute.Type.String()) + ", got " + ute.Value}
+		msg := "must be " + article(ute.Type.String()) + ", got " + truncate([]byte(ute.Value))
+		if strings.HasPrefix(ute.Value, "number") && strings.HasPrefix(ute.Type.String(), "int") {
+			msg = "must be an integer that fits in 64 bits, got " + truncate([]byte(ute.Value))
+		}
+		return &kvroute.FieldError{Field: ute.Field, Msg: msg}
 	case errors.As(err, &se):
 		return withCode(CodeInvalidJSON, fmt.Errorf("%w: malformed JSON at byte %d: %v", kvroute.ErrInvalidInput, se.Offset, se))
 	case errors.Is(err, io.EOF):

@@ -25,6 +25,7 @@ const (
 	CodeUpstream        = "upstream_error"
 	CodeMethod          = "method_not_allowed"
 	CodeInternal        = "internal"
+	CodeUnauthorized    = "unauthorized"
 	statusClientClosed  = 499
 )
 
@@ -82,6 +83,8 @@ func statusOf(err error) (int, ErrorDetail) {
 		status, d.Code = http.StatusServiceUnavailable, CodeNoReplica
 	case errors.Is(err, kvroute.ErrUnavailable):
 		status, d.Code = http.StatusServiceUnavailable, CodeUnavailable
+	case errors.Is(err, errUnauthorized):
+		status, d.Code = http.StatusUnauthorized, CodeUnauthorized
 	case errors.Is(err, errUpstream):
 		status, d.Code = http.StatusBadGateway, CodeUpstream
 	case errors.Is(err, context.DeadlineExceeded):
@@ -101,16 +104,68 @@ func statusOf(err error) (int, ErrorDetail) {
 }
 
 // writeError answers with err's status and JSON body, counts it by code and
-// logs server-side failures, which the client cannot fix.
+// logs server-side failures, which the client cannot fix. On the OpenAI
+// endpoints the body has OpenAI's error shape, which their SDKs parse.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, d := statusOf(err)
 	s.m.errors.WithLabelValues(d.Code).Inc()
 	if status >= 500 && status != http.StatusServiceUnavailable {
 		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
 	}
-	if status == http.StatusServiceUnavailable {
+	switch status {
+	case http.StatusServiceUnavailable:
 		// Both causes (no healthy replica, store down) are usually brief.
 		w.Header().Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", authRealm)
+	}
+	if openAIPath(r.URL.Path) {
+		writeJSON(w, status, openAIError(status, d))
+		return
 	}
 	writeJSON(w, status, ErrorBody{Error: d})
+}
+
+// OpenAIErrorBody is the error shape of OpenAI's API, which kvroute's
+// OpenAI endpoints answer with: message, type, param (the request field
+// at fault, or null) and code (kvroute's error code).
+type OpenAIErrorBody struct {
+	Error OpenAIErrorDetail `json:"error"`
+}
+
+// OpenAIErrorDetail is one OpenAI error.
+type OpenAIErrorDetail struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// openAIError is d in OpenAI's shape, typed as OpenAI types errors.
+func openAIError(status int, d ErrorDetail) OpenAIErrorBody {
+	e := OpenAIErrorDetail{Message: d.Message, Code: d.Code}
+	if d.Field != "" {
+		e.Param = &d.Field
+	}
+	switch {
+	case status == http.StatusUnauthorized:
+		e.Type = "authentication_error"
+	case status == http.StatusNotFound:
+		e.Type = "not_found_error"
+	case status < 500:
+		e.Type = "invalid_request_error"
+	default:
+		e.Type = "api_error"
+	}
+	return OpenAIErrorBody{Error: e}
+}
+
+// openAIPath reports whether path is one of the OpenAI-compatible
+// endpoints.
+func openAIPath(path string) bool {
+	switch path {
+	case "/v1/completions", "/v1/chat/completions", "/v1/models":
+		return true
+	}
+	return false
 }

@@ -1,11 +1,15 @@
 package api_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,4 +92,22 @@ func (h *harness) do(tb testing.TB, method, path, contentType, body string, head
 func (h *harness) post(tb testing.TB, path, body string, header ...string) (int, http.Header, string) {
 	tb.Helper()
 	return h.do(tb, http.MethodPost, path, "application/json", body, header...)
+}
+
+// registry is the registry and every replica's load as JSON, to compare
+// before and after requests that must change nothing.
+func (h *harness) registry(tb testing.TB) string {
+	tb.Helper()
+	reps, err := h.store.Registry().ListReplicas(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	slices.SortFunc(reps, func(a, b kvroute.Replica) int { return strings.Compare(a.ID, b.ID) })
+	var b strings.Builder
+	for _, r := range reps {
+		j, _ := json.Marshal(r)
+		l, _ := json.Marshal(h.store.Load(r.ID))
+		fmt.Fprintf(&b, "%s load=%s\n", j, l)
+	}
+	return b.String()
 }

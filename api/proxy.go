@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,9 +115,20 @@ func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error)
 // tokenizes and decides like /v1/route, then forwards the body to the
 // chosen replica and reports the request's progress itself, so that
 // OpenAI clients get cache-aware routing without knowing kvroute exists.
+// A replica that fails before answering is replaced by the next best
+// (failover.go). With ?redirect=true it answers 307 instead (redirect).
 func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
+	redirect, err := queryBool(r, "redirect")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	body, err := s.readBody(w, r)
 	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := checkBody(body, openAIFields, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -135,10 +148,19 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := router.Request{Model: oa.Model, SessionID: r.Header.Get(HeaderSessionID), CacheSalt: oa.CacheSalt}
-	for _, mt := range []*int{oa.MaxCompletionTokens, oa.MaxTokens} {
-		if mt != nil && *mt > 0 {
-			req.MaxTokens = *mt
-			break
+	for _, mt := range []struct {
+		field string
+		n     *int
+	}{{"max_completion_tokens", oa.MaxCompletionTokens}, {"max_tokens", oa.MaxTokens}} {
+		if mt.n == nil {
+			continue
+		}
+		if err := s.checkOutputTokens(mt.field, *mt.n); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if *mt.n > 0 && req.MaxTokens == 0 {
+			req.MaxTokens = *mt.n
 		}
 	}
 
@@ -149,38 +171,52 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	t := &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}
-	target, err := url.Parse(d.Replica.URL)
-	if err != nil || target.Scheme == "" || target.Host == "" {
-		t.release()
-		s.writeError(w, r, fmt.Errorf("%w: replica %s has an unusable url %q", errUpstream, d.Replica.ID, d.Replica.URL))
+	if redirect {
+		s.redirect(w, r, d)
+		return
+	}
+	up := &upstream{s: s, w: w, in: r, req: req, d: d, tried: map[string]bool{d.Replica.ID: true},
+		t: &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}}
+	target, err := replicaTarget(d.Replica)
+	if err != nil {
+		up.t.release()
+		s.writeError(w, r, err)
 		return
 	}
 	fw, err := s.forwardBody(body, &oa, d, text)
 	if err != nil {
-		t.release()
+		up.t.release()
 		s.writeError(w, r, err)
 		return
 	}
+	up.body = fw.body
 	setDecisionHeaders(w.Header(), d)
+	stripToken := s.isKvrouteToken(r)
 
 	r.Body = io.NopCloser(bytes.NewReader(fw.body))
 	r.ContentLength = int64(len(fw.body))
-	believed := believedCached(d)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()
+			forwardQuery(pr.Out)
+			if stripToken {
+				// kvroute's own token is not the replica's business.
+				pr.Out.Header.Del("Authorization")
+			}
 		},
-		Transport: s.proxy,
+		Transport: up,
 		ErrorLog:  s.proxyLog,
 		// Flush every write: token streams (SSE) must reach the client
 		// as the replica produces them.
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
+			d, t := up.d, up.t
+			s.m.proxied.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
 			ok := resp.StatusCode < 300
 			var src io.ReadCloser = resp.Body
 			if ok {
+				believed := believedCached(d)
 				sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 				src = newUsageTap(resp.Body, sse, fw.stripUsage, func(u usage) { s.m.served(d.Replica.ID, believed, u) })
 				if fw.stripUsage {
@@ -191,16 +227,71 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			t.release()
+			up.t.release()
+			s.m.proxied.WithLabelValues("error").Inc()
 			if r.Context().Err() != nil {
 				// The client hung up; nobody reads an answer.
 				w.WriteHeader(statusClientClosed)
 				return
 			}
-			s.writeError(w, r, fmt.Errorf("%w: replica %s: %v", errUpstream, d.Replica.ID, err))
+			s.writeError(w, r, fmt.Errorf("%w: replica %s: %v", errUpstream, up.d.Replica.ID, err))
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// openAIFields are the top-level fields the proxy reads; their case
+// variants are refused (encoding/json would take "MODEL" for model, and
+// the replica would not).
+var openAIFields = jsonFields(reflect.TypeFor[openAIRequest]())
+
+// replicaTarget is the base URL proxied requests to rep go to.
+func replicaTarget(rep kvroute.Replica) (*url.URL, error) {
+	target, err := kvroute.ReplicaURL(rep.URL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: replica %s has an unusable url: %v", errUpstream, rep.ID, err)
+	}
+	return target, nil
+}
+
+// forwardQuery drops kvroute's own query parameters from a proxied
+// request; the rest are the replica's.
+func forwardQuery(out *http.Request) {
+	if out.URL.RawQuery == "" {
+		return
+	}
+	q := out.URL.Query()
+	q.Del("redirect")
+	out.URL.RawQuery = q.Encode()
+}
+
+// redirect answers an OpenAI request with a 307 to the chosen replica's
+// same path: the client re-posts its own body there (a 307 keeps the
+// method and body), carrying the decision in its headers. kvroute does not
+// see the re-posted request, so its booking stays: the load is real until
+// the replica finishes, and the client may report first-token and release
+// with X-Kvroute-Request-Id as a decision-API client does; otherwise the
+// lease expires by itself (expires_at, at most the router's MaxLease).
+// The body is the decision, as /v1/route answers it.
+func (s *Server) redirect(w http.ResponseWriter, r *http.Request, d keyed) {
+	target, err := replicaTarget(d.Replica)
+	if err != nil {
+		if _, rerr := s.rt.Release(context.WithoutCancel(r.Context()), d.RequestID); rerr != nil {
+			s.log.Warn("release", "request_id", d.RequestID, "err", rerr)
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	loc := *target
+	loc.Path = strings.TrimRight(target.Path, "/") + r.URL.Path
+	loc.RawPath = ""
+	out := &http.Request{URL: &url.URL{RawQuery: r.URL.RawQuery}}
+	forwardQuery(out)
+	loc.RawQuery = out.URL.RawQuery
+	setDecisionHeaders(w.Header(), d)
+	w.Header().Set("Location", loc.String())
+	s.m.proxied.WithLabelValues("307").Inc()
+	writeJSON(w, http.StatusTemporaryRedirect, routeResponse(d))
 }
 
 // forwarded is the body sent to the replica and what was changed in it.

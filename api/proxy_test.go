@@ -203,8 +203,15 @@ func TestProxy(t *testing.T) {
 		{"unknown model", "/v1/completions", `{"model":"x","prompt":[1]}`, 404, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			// The OpenAI endpoints answer in OpenAI's error shape: the
+			// field at fault is its param.
 			status, _, raw := h.post(t, tt.path, tt.body)
-			if status != tt.wantStatus || decodeJSON[api.ErrorBody](t, raw).Error.Field != tt.wantField {
+			got := decodeJSON[api.OpenAIErrorBody](t, raw).Error
+			param := ""
+			if got.Param != nil {
+				param = *got.Param
+			}
+			if status != tt.wantStatus || param != tt.wantField || got.Type == "" || got.Message == "" {
 				t.Errorf("got %d %s, want %d naming %q", status, raw, tt.wantStatus, tt.wantField)
 			}
 		})

@@ -93,6 +93,10 @@ func (s *Server) putReplica(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if err := s.cfg.ReplicaPolicy.Check(rep); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	status := http.StatusOK
 	if _, err := s.reg.GetReplica(r.Context(), id); errors.Is(err, kvroute.ErrNotFound) {
 		status = http.StatusCreated

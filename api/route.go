@@ -32,10 +32,6 @@ const (
 	HeaderMatchedBlocks = "X-Kvroute-Matched-Blocks"
 )
 
-// DefaultRedirectPath is appended to the replica URL of a 307 redirect when
-// the client names no ?path=.
-const DefaultRedirectPath = "/v1/completions"
-
 // RouteRequest is the body of POST /v1/route. The prompt comes in exactly
 // one of three forms: token ids, a text prompt (tokenized as vLLM's
 // /v1/completions would), or chat messages with their options (rendered
@@ -99,10 +95,29 @@ type ProgressResponse struct {
 	Found     bool   `json:"found"`
 }
 
-// route answers POST /v1/route: a JSON decision, or with ?redirect=true a
-// 307 to the chosen replica. Either way the client owns the request's
-// lifecycle and should report first-token and release.
+// route answers POST /v1/route: a JSON decision. The client owns the
+// request's lifecycle and should report first-token and release.
+//
+// It does not redirect: a 307 makes the client re-post the same body, and
+// a decision's body is not a completion a replica accepts. ?redirect=true
+// is a 400 pointing at the OpenAI endpoints, whose 307 has the client
+// re-post its own OpenAI body (see proxyOpenAI); ?redirect=false is
+// accepted and changes nothing.
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	redirect, err := queryBool(r, "redirect")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if redirect {
+		s.writeError(w, r, &kvroute.FieldError{Field: "redirect", Msg: "is not supported on /v1/route (a 307 would re-post the decision body, which no replica accepts): " +
+			"POST the OpenAI body to /v1/completions?redirect=true or /v1/chat/completions?redirect=true, or send it to the decision's replica.url"})
+		return
+	}
+	if _, ok := r.URL.Query()["path"]; ok {
+		s.writeError(w, r, &kvroute.FieldError{Field: "path", Msg: "is not supported: /v1/route does not redirect (see redirect)"})
+		return
+	}
 	var body RouteRequest
 	if err := s.decodeStrict(w, r, &body); err != nil {
 		s.writeError(w, r, err)
@@ -113,21 +128,22 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	redirect, _ := strconv.ParseBool(r.URL.Query().Get("redirect"))
-	path := r.URL.Query().Get("path")
-	if path == "" {
-		path = DefaultRedirectPath
-	}
-	if redirect && !strings.HasPrefix(path, "/") {
-		s.writeError(w, r, &kvroute.FieldError{Field: "path", Msg: "must start with /"})
-		return
-	}
 	d, err := s.decide(r.Context(), in, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	resp := RouteResponse{
+	resp := routeResponse(d)
+	if body.Explain {
+		resp.Candidates = d.Candidates
+	}
+	setDecisionHeaders(w.Header(), d)
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// routeResponse is a decision's answer, without the candidates.
+func routeResponse(d keyed) RouteResponse {
+	return RouteResponse{
 		RequestID: d.RequestID, Replica: ReplicaRef{ID: d.Replica.ID, URL: d.Replica.URL},
 		MatchedBlocks: d.Matched, Approximate: d.Approximate, PromptBlocks: d.PromptBlocks,
 		BlockSize: d.BlockSize, Policy: string(d.Policy), Mode: d.Mode,
@@ -135,16 +151,26 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
 		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial,
 	}
-	if body.Explain {
-		resp.Candidates = d.Candidates
+}
+
+// queryBool reads a boolean query parameter strictly: absent is false,
+// and a value other than true or false is a 400 naming the parameter
+// (?redirect=yes must not be silently ignored).
+func queryBool(r *http.Request, name string) (bool, error) {
+	vals, ok := r.URL.Query()[name]
+	if !ok {
+		return false, nil
 	}
-	setDecisionHeaders(w.Header(), d)
-	if redirect {
-		w.Header().Set("Location", strings.TrimRight(d.Replica.URL, "/")+path)
-		writeJSON(w, http.StatusTemporaryRedirect, resp)
-		return
+	if len(vals) != 1 {
+		return false, &kvroute.FieldError{Field: name, Msg: "is given more than once"}
 	}
-	writeJSON(w, http.StatusOK, resp)
+	switch vals[0] {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	}
+	return false, &kvroute.FieldError{Field: name, Msg: fmt.Sprintf("must be true or false, got %q", truncate([]byte(vals[0])))}
 }
 
 // routeRequest validates a decoded body and turns it into the router's
@@ -185,8 +211,8 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 		req.SessionID = sessionHeader
 	}
 	if b.MaxTokens != nil {
-		if *b.MaxTokens < 0 {
-			return router.Request{}, in, &kvroute.FieldError{Field: "max_tokens", Msg: "must be >= 0"}
+		if err := s.checkOutputTokens("max_tokens", *b.MaxTokens); err != nil {
+			return router.Request{}, in, err
 		}
 		req.MaxTokens = *b.MaxTokens
 	}
@@ -198,6 +224,19 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 		req.Policy = p
 	}
 	return req, in, nil
+}
+
+// checkOutputTokens bounds a client's output length, which sizes the
+// decode booking and the lease: one request must not be able to take a
+// replica out of cache-aware routing.
+func (s *Server) checkOutputTokens(field string, n int) error {
+	switch {
+	case n < 0:
+		return &kvroute.FieldError{Field: field, Msg: "must be >= 0"}
+	case n > s.cfg.MaxOutputTokens:
+		return &kvroute.FieldError{Field: field, Msg: fmt.Sprintf("is %d, more than the limit of %d", n, s.cfg.MaxOutputTokens)}
+	}
+	return nil
 }
 
 // decide tokenizes the prompt, asks the router and records the decision's

@@ -142,6 +142,8 @@ type Router struct {
 	// progress holds first-token and release reports the store could not
 	// take; Run retries them.
 	progress progressQueue
+	// suspects are replicas recently seen failing (suspect.go).
+	suspects suspectSet
 }
 
 // Options are the router's injected dependencies; each nil field gets the
@@ -269,6 +271,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	if len(fleet) == 0 {
 		return Decision{}, fmt.Errorf("router: model %q: %w", req.Model, kvroute.ErrNotFound)
 	}
+	fleet = r.suspects.demote(r.now(), fleet)
 	bs := r.BlockSize(req.Model, fleet)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
 	d := Decision{RequestID: r.newID(req.Model), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}

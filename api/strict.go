@@ -1,0 +1,349 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/kvroute/kvroute"
+)
+
+// maxDepth bounds how deeply a body's JSON may nest. Chat messages, tool
+// schemas and template options nest a few levels; a body nested thousands
+// deep only costs the decoder stack.
+const maxDepth = 128
+
+// checkBody scans a JSON body for what encoding/json lets through
+// silently: an object key given twice (a client and a replica may read
+// different values), a top-level key that matches a field only when case
+// is ignored (encoding/json matches "MODEL" to model; vLLM does not),
+// strings that are not valid UTF-8 or hold a lone surrogate escape
+// (encoding/json replaces them with U+FFFD, so kvroute would key other
+// text than the engine computes), and nesting deeper than maxDepth. known
+// is the body's set of fields; with exact, a top-level key not in it is
+// an error too (the strict endpoints), else only its case variants are
+// (the proxy forwards other fields to the replica). Malformed JSON is
+// left for the decoder to report, with its offset.
+func checkBody(b []byte, known map[string]bool, exact bool) error {
+	sc := scanner{b: b, known: known, exact: exact}
+	sc.ws()
+	if sc.i >= len(b) || b[sc.i] != '{' {
+		return nil
+	}
+	err := sc.value(0)
+	if errors.Is(err, errSyntax) {
+		return nil
+	}
+	return err
+}
+
+var errSyntax = errors.New("syntax")
+
+type scanner struct {
+	b     []byte
+	i     int
+	known map[string]bool
+	exact bool
+	// path is the field being scanned, for error messages: keys and
+	// array indexes from the top.
+	path []string
+}
+
+func (s *scanner) field() string {
+	if len(s.path) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, p := range s.path {
+		if i > 0 && p[0] != '[' {
+			b.WriteByte('.')
+		}
+		b.WriteString(p)
+	}
+	return b.String()
+}
+
+func (s *scanner) fail(msg string) error {
+	return &kvroute.FieldError{Field: s.field(), Msg: msg}
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) value(depth int) error {
+	s.ws()
+	if s.i >= len(s.b) {
+		return errSyntax
+	}
+	switch c := s.b[s.i]; {
+	case (c == '{' || c == '[') && depth >= maxDepth:
+		// Named by its top-level field: the full path is as deep.
+		return &kvroute.FieldError{Field: s.path[0], Msg: fmt.Sprintf("nests deeper than %d levels", maxDepth)}
+	case c == '{':
+		return s.object(depth + 1)
+	case c == '[':
+		return s.array(depth + 1)
+	case c == '"':
+		_, err := s.str(false)
+		return err
+	default:
+		// Numbers and literals: their syntax is the decoder's to check.
+		for s.i < len(s.b) {
+			switch s.b[s.i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return nil
+			}
+			s.i++
+		}
+		return nil
+	}
+}
+
+func (s *scanner) object(depth int) error {
+	s.i++ // {
+	var seen map[string]bool
+	var few []string
+	for n := 0; ; n++ {
+		s.ws()
+		if s.i >= len(s.b) {
+			return errSyntax
+		}
+		if s.b[s.i] == '}' && n == 0 {
+			s.i++
+			return nil
+		}
+		if s.b[s.i] != '"' {
+			return errSyntax
+		}
+		key, err := s.str(true)
+		if err != nil {
+			return err
+		}
+		s.path = append(s.path, key)
+		if dup := hasKey(few, seen, key); dup {
+			return s.fail("is given more than once")
+		}
+		if len(few) < 8 {
+			few = append(few, key)
+		} else {
+			if seen == nil {
+				seen = map[string]bool{}
+			}
+			seen[key] = true
+		}
+		if depth == 1 && s.known != nil && !s.known[key] {
+			if s.exact {
+				return s.fail("is not a known field" + caseHint(s.known, key))
+			} else if hint := caseHint(s.known, key); hint != "" {
+				return s.fail("is not a known field" + hint)
+			}
+		}
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return errSyntax
+		}
+		s.i++
+		if err := s.value(depth); err != nil {
+			return err
+		}
+		s.path = s.path[:len(s.path)-1]
+		s.ws()
+		if s.i >= len(s.b) {
+			return errSyntax
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+func hasKey(few []string, seen map[string]bool, key string) bool {
+	for _, k := range few {
+		if k == key {
+			return true
+		}
+	}
+	return seen[key]
+}
+
+// caseHint names the known field key differs from only in case.
+func caseHint(known map[string]bool, key string) string {
+	for k := range known {
+		if strings.EqualFold(k, key) {
+			return " (field names are case-sensitive: " + k + ")"
+		}
+	}
+	return ""
+}
+
+func (s *scanner) array(depth int) error {
+	s.i++ // [
+	for n := 0; ; n++ {
+		s.ws()
+		if s.i >= len(s.b) {
+			return errSyntax
+		}
+		if s.b[s.i] == ']' && n == 0 {
+			s.i++
+			return nil
+		}
+		// Most elements are numbers (token ids): skip them without
+		// touching the path.
+		if c := s.b[s.i]; c == '{' || c == '[' || c == '"' {
+			s.path = append(s.path, "["+strconv.Itoa(n)+"]")
+			if err := s.value(depth); err != nil {
+				return err
+			}
+			s.path = s.path[:len(s.path)-1]
+		} else if err := s.value(depth); err != nil {
+			return err
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return errSyntax
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+// str scans a string at s.i, checking its UTF-8 and escapes. A key is
+// returned unescaped; other strings are only checked.
+func (s *scanner) str(key bool) (string, error) {
+	s.i++ // "
+	start := s.i
+	escaped := false
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			raw := s.b[start:s.i]
+			s.i++
+			if !key {
+				return "", nil
+			}
+			if !escaped {
+				return string(raw), nil
+			}
+			k, err := strconv.Unquote(`"` + string(raw) + `"`)
+			if err != nil {
+				// JSON escapes strconv does not know (\/): decode the
+				// way the decoder will.
+				k = strings.ReplaceAll(string(raw), `\/`, `/`)
+				if k2, err := strconv.Unquote(`"` + k + `"`); err == nil {
+					k = k2
+				}
+			}
+			return k, nil
+		case c == '\\':
+			escaped = true
+			if s.i+1 >= len(s.b) {
+				return "", errSyntax
+			}
+			if s.b[s.i+1] != 'u' {
+				s.i += 2
+				continue
+			}
+			r, ok := hex4(s.b, s.i+2)
+			if !ok {
+				return "", errSyntax
+			}
+			s.i += 6
+			switch {
+			case r >= 0xD800 && r < 0xDC00:
+				// A high surrogate must be followed by a low one.
+				if s.i+1 < len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+					if r2, ok := hex4(s.b, s.i+2); ok && r2 >= 0xDC00 && r2 < 0xE000 {
+						s.i += 6
+						continue
+					}
+				}
+				return "", s.badText(key)
+			case r >= 0xDC00 && r < 0xE000:
+				return "", s.badText(key)
+			}
+		case c < 0x20:
+			return "", errSyntax
+		case c < utf8.RuneSelf:
+			s.i++
+		default:
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && size <= 1 {
+				return "", s.badText(key)
+			}
+			s.i += size
+		}
+	}
+	return "", errSyntax
+}
+
+func (s *scanner) badText(key bool) error {
+	if key {
+		return &kvroute.FieldError{Field: s.field(), Msg: "has a key that is not valid UTF-8"}
+	}
+	return s.fail("is not valid UTF-8 (or holds a lone surrogate escape)")
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
+	return rune(v), err == nil
+}
+
+// jsonFields is the set of JSON field names of a struct type (embedded
+// structs' included), computed once per type.
+func jsonFields(t reflect.Type) map[string]bool {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]bool)
+	}
+	m := map[string]bool{}
+	var walk func(reflect.Type)
+	walk = func(t reflect.Type) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			switch {
+			case name == "-":
+			case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
+				walk(f.Type)
+			case !f.IsExported():
+			case name == "":
+				m[f.Name] = true
+			default:
+				m[name] = true
+			}
+		}
+	}
+	walk(t)
+	fieldCache.Store(t, m)
+	return m
+}
+
+var fieldCache sync.Map
