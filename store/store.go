@@ -5,7 +5,16 @@
 // every pod sees the same index and load, and a pod that dies loses nothing.
 //
 // Every key of one model carries the hash tag {m:<model>}, so each Lua
-// script touches a single slot and Redis Cluster spreads models over shards.
+// script touches a single slot and Redis Cluster spreads models over shards:
+// a decision (Lookup, Reserve), its lease's Advance and Release, and an
+// event batch each run in their model's slot alone. Every script declares
+// its keys in KEYS except the children sets P k:<key>, found while walking
+// the tree and built from the declared P blk key. Request ids carry their
+// model (NewRequestID: <unique>.<base64url model>), so that Advance and
+// Release find the lease's keys from the id. Only two keys are global,
+// both read rarely and touched by single-key commands: the registry
+// kvr:replicas (cached by the router) and the ingestors' ownership leases
+// kvr:own:<name>. Config selects one server, Sentinel or Cluster.
 //
 // Index data model (P = kvr:{m:<model>}:), chosen so that a lookup costs
 // about log2(blocks) reads however many replicas hold the chain:
@@ -28,6 +37,8 @@
 //     holds the applied seq, time and block count.
 //   - P ax        hash: key -> (slot, expiry) pairs of approximate entries,
 //     with per-minute sweep lists P axb:<minute> indexed by zset P axq.
+//   - P lb, P leases  hash, zset: lease bodies (request id -> replica,
+//     prefill, decode, phase) and expiries; P slotfree: purged slots.
 //
 // RG|RA along a request's chain only shrinks, so lookup.lua finds every
 // boundary by a level-batched binary search on string equality and Go

@@ -1,0 +1,181 @@
+package tests_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/store"
+)
+
+// TestClusterPrimaryRestart runs decisions for two models whose slots live
+// on different primaries of a real 3-primary Redis Cluster, kills one of
+// the primaries under traffic (SIGKILL, AOF on) and starts it again 2 s
+// later (the cluster marks it failed after its 1 s node timeout, so its
+// slots answer CLUSTERDOWN meanwhile). Every decision must be answered
+// (degraded while the store fails), every store error must be
+// kvroute.ErrUnavailable, and cache-aware decisions must come back by
+// themselves for both models once the primary is back.
+func TestClusterPrimaryRestart(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var models []string
+	var prims []int
+	for i := 0; len(models) < 2 && i < 64; i++ {
+		m := "cluster-model-" + strconv.Itoa(i)
+		p := c.Primary(t, "kvr:{m:"+m+"}:load")
+		if len(prims) == 0 || prims[0] != p {
+			models, prims = append(models, m), append(prims, p)
+		}
+	}
+	if len(models) < 2 {
+		t.Fatal("no two models on different primaries")
+	}
+	st, err := store.OpenConfig(ctx, store.Config{Addrs: c.Addrs()}, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = bs
+	rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(5, 5))})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Each model: two event-fed replicas; replica 0 holds the prompt.
+	r := rand.New(rand.NewPCG(11, 11))
+	prompts := map[string][]uint32{}
+	for _, m := range models {
+		for i := range 2 {
+			rep := kvroute.Replica{ID: m + "-r" + strconv.Itoa(i), Model: m, URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}
+			if err := st.PutReplica(ctx, rep); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var p []uint32
+		for _, tok := range prompt(r, nil, 8*bs) {
+			p = append(p, uint32(tok))
+		}
+		prompts[m] = p
+		keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, p, nil)
+		var ops []kvroute.IndexOp
+		parent := kvroute.NoParent
+		for _, k := range keys {
+			ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(k) ^ 0x5555, Key: k, Parent: parent})
+			parent = k
+		}
+		if _, err := st.Apply(ctx, m, m+"-r0", 1, ops); err != nil {
+			t.Fatalf("apply %s: %v", m, err)
+		}
+	}
+	cacheAware := func(m string, d router.Decision) bool {
+		return !d.Degraded && d.Replica.ID == m+"-r0" && d.Matched == 8
+	}
+	for _, m := range models {
+		t.Run("decide "+m, func(t *testing.T) {
+			d, err := rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
+			if err != nil || !cacheAware(m, d) {
+				t.Fatalf("route = %+v, %v; want %s-r0 with 8 matched blocks, not degraded", d, err, m)
+			}
+			if ok, err := rt.Release(ctx, d.RequestID); err != nil || !ok {
+				t.Errorf("release = %v, %v; want true", ok, err)
+			}
+		})
+	}
+
+	// Traffic: up to 600 decisions, alternating models, ~10 ms apart, and a
+	// direct store lookup beside each, until both models decide
+	// cache-aware again after the restart (or the budget runs out).
+	type result struct {
+		at       time.Time
+		model    string
+		degraded bool
+		aware    bool
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+		errs    = map[string]int{}
+		back    time.Time // when the primary was started again
+	)
+	down := prims[0]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(500 * time.Millisecond)
+		c.Stop(t, down, syscall.SIGKILL)
+		time.Sleep(2 * time.Second)
+		c.Start(t, down)
+		mu.Lock()
+		back = time.Now()
+		mu.Unlock()
+	}()
+	recovered := map[string]time.Time{}
+	for i := 0; i < 600 && len(recovered) < 2; i++ {
+		m := models[i%2]
+		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
+		if err != nil {
+			t.Fatalf("decision %d (%s) failed: %v; want an answer, degraded at worst", i, m, err)
+		}
+		if !d.Degraded {
+			if _, err := rt.Release(ctx, d.RequestID); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+		}
+		keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, prompts[m], nil)
+		lctx, lcancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		_, _, lerr := st.Lookup(lctx, m, keys, []string{m + "-r0"})
+		lcancel()
+		mu.Lock()
+		if lerr != nil {
+			if !errors.Is(lerr, kvroute.ErrUnavailable) {
+				t.Errorf("store error not marked unavailable: %v", lerr)
+			}
+			errs[lerr.Error()]++
+		}
+		now := time.Now()
+		results = append(results, result{at: now, model: m, degraded: d.Degraded, aware: cacheAware(m, d)})
+		if !back.IsZero() && cacheAware(m, d) {
+			if _, ok := recovered[m]; !ok {
+				recovered[m] = now
+			}
+		}
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+	}
+	<-done
+	degraded, per := 0, map[string]int{}
+	for _, res := range results {
+		if res.degraded {
+			degraded++
+			per[res.model]++
+		}
+	}
+	// The router's store-down backoff is one for the whole store, so the
+	// model on the healthy primaries is degraded for as long too.
+	t.Logf("%d decisions, %d degraded (%v); store errors: %v", len(results), degraded, per, errs)
+	for _, m := range models {
+		at, ok := recovered[m]
+		if !ok {
+			t.Errorf("%s: no cache-aware decision after the primary came back", m)
+			continue
+		}
+		t.Logf("%s: cache-aware again %v after the primary restarted", m, at.Sub(back).Round(time.Millisecond))
+		if at.Sub(back) > 20*time.Second {
+			t.Errorf("%s: recovery took %v, want under 20s", m, at.Sub(back))
+		}
+	}
+	if degraded == 0 || len(errs) == 0 {
+		t.Errorf("no degraded decision (%d) or store error (%d) while a primary was down: the fault did not bite", degraded, len(errs))
+	}
+}
