@@ -1,0 +1,208 @@
+package infra_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+// kustomizations lists every directory under k8s/ holding a
+// kustomization.yaml, as paths relative to infra/.
+func kustomizations(tb testing.TB) []string {
+	tb.Helper()
+	var dirs []string
+	err := filepath.WalkDir("k8s", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && d.Name() == "kustomization.yaml" {
+			dirs = append(dirs, filepath.Dir(path))
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(dirs) == 0 {
+		tb.Fatal("no kustomization.yaml under infra/k8s")
+	}
+	return dirs
+}
+
+// deployables are the kustomizations one applies: the overlays. The base
+// is not one (its Secret and Redis come from an overlay) and components
+// only make sense inside one; both are checked through the overlays.
+func deployables(tb testing.TB) []string {
+	tb.Helper()
+	var out []string
+	for _, d := range kustomizations(tb) {
+		if filepath.Dir(d) == filepath.Join("k8s", "overlays") {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func readKustomization(tb testing.TB, dir string) types.Kustomization {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var k types.Kustomization
+	if err := yaml.UnmarshalStrict(b, &k); err != nil {
+		tb.Fatalf("%s/kustomization.yaml: %v", dir, err)
+	}
+	return k
+}
+
+// build renders a kustomization in process, as `kubectl apply -k` would,
+// and decodes the result strictly. Out-of-band objects (*.example.yaml in
+// the directory: the Secret production creates by hand) are added, so
+// that references to them resolve against their documented shape.
+func build(tb testing.TB, dir string) *objects {
+	tb.Helper()
+	o := render(tb, dir)
+	examples, _ := filepath.Glob(filepath.Join(dir, "*.example.yaml"))
+	for _, f := range examples {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := o.add(b); err != nil {
+			tb.Fatalf("%s: %v", f, err)
+		}
+	}
+	return o
+}
+
+// render is kustomize's output alone.
+func render(tb testing.TB, dir string) *objects {
+	tb.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		tb.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	y, err := m.AsYaml()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	o := &objects{}
+	if err := o.add(y); err != nil {
+		tb.Fatalf("kustomize build %s: %v", dir, err)
+	}
+	return o
+}
+
+var patchDirective = regexp.MustCompile(`(?m)^\$patch:.*$`)
+
+// TestKustomizationFiles decodes every file under k8s/ strictly: each
+// kustomization into kustomize's own type, each resource and patch into
+// its API type; and checks that no YAML file lies there unreferenced
+// (a manifest nobody applies is a manifest nobody checks).
+func TestKustomizationFiles(t *testing.T) {
+	for _, dir := range kustomizations(t) {
+		t.Run(dir, func(t *testing.T) {
+			k := readKustomization(t, dir)
+			used := map[string]bool{"kustomization.yaml": true}
+			decodeFile := func(name string, patch bool) {
+				t.Helper()
+				b, err := os.ReadFile(filepath.Join(dir, name))
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+				if patch {
+					// A strategic-merge directive, not an API field.
+					b = patchDirective.ReplaceAll(b, nil)
+				}
+				if err := (&objects{}).add(b); err != nil {
+					t.Errorf("%s: %v", name, err)
+				}
+			}
+			for _, r := range k.Resources {
+				fi, err := os.Stat(filepath.Join(dir, r))
+				if err != nil {
+					t.Errorf("resource %s: %v", r, err)
+					continue
+				}
+				if fi.IsDir() {
+					if _, err := os.Stat(filepath.Join(dir, r, "kustomization.yaml")); err != nil {
+						t.Errorf("resource %s is a directory without a kustomization.yaml", r)
+					}
+					continue
+				}
+				used[r] = true
+				decodeFile(r, false)
+			}
+			for _, c := range k.Components {
+				ck := readKustomization(t, filepath.Join(dir, c))
+				if got, want := ck.Kind, "Component"; got != want {
+					t.Errorf("component %s: kind %q, want %q", c, got, want)
+				}
+			}
+			for _, p := range k.Patches {
+				if p.Path == "" {
+					continue
+				}
+				used[p.Path] = true
+				decodeFile(p.Path, true)
+			}
+			files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+			for _, f := range files {
+				name := filepath.Base(f)
+				switch {
+				case used[name]:
+				case strings.HasSuffix(name, ".example.yaml"):
+					decodeFile(name, false)
+				default:
+					t.Errorf("%s is in no resources or patches list of %s/kustomization.yaml", name, dir)
+				}
+			}
+		})
+	}
+}
+
+// TestOverlays renders the base and every overlay with kustomize and checks
+// what must agree across the rendered objects.
+func TestOverlays(t *testing.T) {
+	env := map[string]map[string]bool{"serve": envNames(t, "serve"), "ingest": envNames(t, "ingest")}
+	exposed := dockerfileExposed(t)
+	for _, dir := range deployables(t) {
+		t.Run(dir, func(t *testing.T) {
+			o := build(t, dir)
+			for _, c := range checks {
+				t.Run(c.name, func(t *testing.T) { c.run(t, o, env, exposed) })
+			}
+		})
+	}
+	t.Run("overlays differ only as documented", func(t *testing.T) {
+		dev := render(t, filepath.Join("k8s", "overlays", "dev"))
+		prod := render(t, filepath.Join("k8s", "overlays", "production"))
+		if got := len(dev.StatefulSets); got != 1 {
+			t.Errorf("dev: %d StatefulSets, want 1 (in-cluster Redis)", got)
+		}
+		if got := len(prod.StatefulSets); got != 0 {
+			t.Errorf("production: %d StatefulSets, want 0 (managed Redis)", got)
+		}
+		if got, want := len(dev.HTTPScaled), 1; got != want {
+			t.Errorf("dev: %d HTTPScaledObjects, want %d (scale to zero)", got, want)
+		}
+		if got, want := len(prod.HPAs), 1; got != want {
+			t.Errorf("production: %d HPAs, want %d", got, want)
+		}
+		for _, s := range prod.Secrets {
+			t.Errorf("production renders Secret %s: its credentials are made out of band", s.Name)
+		}
+		if got := len(dev.Secrets); got != 1 {
+			t.Errorf("dev: %d Secrets, want 1 (generated)", got)
+		}
+	})
+}

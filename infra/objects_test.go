@@ -1,0 +1,194 @@
+package infra_test
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// httpScaledObject mirrors the fields of KEDA HTTP add-on's
+// http.keda.sh/v1alpha1 HTTPScaledObject that the manifests use (v0.8+
+// layout). Decoded strictly, a field this struct lacks is an error: a new
+// field needs a look at the add-on's reference, not a silent pass. KEDA's
+// own Go types would bring the controller-runtime tree for four fields.
+type httpScaledObject struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Hosts          []string `json:"hosts"`
+		PathPrefixes   []string `json:"pathPrefixes,omitempty"`
+		ScaleTargetRef struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Name       string `json:"name"`
+			Service    string `json:"service"`
+			Port       int32  `json:"port"`
+		} `json:"scaleTargetRef"`
+		Replicas struct {
+			Min *int32 `json:"min"`
+			Max *int32 `json:"max"`
+		} `json:"replicas"`
+		ScaledownPeriod *int32 `json:"scaledownPeriod,omitempty"`
+		ScalingMetric   struct {
+			Concurrency *struct {
+				TargetValue int `json:"targetValue"`
+			} `json:"concurrency,omitempty"`
+			RequestRate *struct {
+				Granularity string `json:"granularity,omitempty"`
+				TargetValue int    `json:"targetValue"`
+				Window      string `json:"window,omitempty"`
+			} `json:"requestRate,omitempty"`
+		} `json:"scalingMetric"`
+	} `json:"spec"`
+}
+
+// objects is one set of manifests: a file, or an overlay as kustomize
+// renders it.
+type objects struct {
+	Namespaces      []corev1.Namespace
+	ServiceAccounts []corev1.ServiceAccount
+	ConfigMaps      []corev1.ConfigMap
+	Secrets         []corev1.Secret
+	Services        []corev1.Service
+	Deployments     []appsv1.Deployment
+	StatefulSets    []appsv1.StatefulSet
+	HPAs            []autoscalingv2.HorizontalPodAutoscaler
+	PDBs            []policyv1.PodDisruptionBudget
+	NetworkPolicies []networkingv1.NetworkPolicy
+	HTTPScaled      []httpScaledObject
+}
+
+var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
+
+// add decodes every YAML document in data strictly (unknown or duplicate
+// fields are errors) into the API type its apiVersion and kind name; a
+// kind this project does not use is an error too.
+func (o *objects) add(data []byte) error {
+	for i, doc := range docSeparator.Split(string(data), -1) {
+		if len(bytes.TrimSpace(stripComments([]byte(doc)))) == 0 {
+			continue
+		}
+		if err := o.addOne([]byte(doc)); err != nil {
+			return fmt.Errorf("document %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+func (o *objects) addOne(doc []byte) error {
+	var tm metav1.TypeMeta
+	if err := yaml.Unmarshal(doc, &tm); err != nil {
+		return err
+	}
+	strict := func(v any) error { return yaml.UnmarshalStrict(doc, v) }
+	var err error
+	switch tm.APIVersion + " " + tm.Kind {
+	case "v1 Namespace":
+		err = decodeAppend(strict, &o.Namespaces)
+	case "v1 ServiceAccount":
+		err = decodeAppend(strict, &o.ServiceAccounts)
+	case "v1 ConfigMap":
+		err = decodeAppend(strict, &o.ConfigMaps)
+	case "v1 Secret":
+		err = decodeAppend(strict, &o.Secrets)
+	case "v1 Service":
+		err = decodeAppend(strict, &o.Services)
+	case "apps/v1 Deployment":
+		err = decodeAppend(strict, &o.Deployments)
+	case "apps/v1 StatefulSet":
+		err = decodeAppend(strict, &o.StatefulSets)
+	case "autoscaling/v2 HorizontalPodAutoscaler":
+		err = decodeAppend(strict, &o.HPAs)
+	case "policy/v1 PodDisruptionBudget":
+		err = decodeAppend(strict, &o.PDBs)
+	case "networking.k8s.io/v1 NetworkPolicy":
+		err = decodeAppend(strict, &o.NetworkPolicies)
+	case "http.keda.sh/v1alpha1 HTTPScaledObject":
+		err = decodeAppend(strict, &o.HTTPScaled)
+	default:
+		return fmt.Errorf("apiVersion %q kind %q: not a kind these manifests use (add it to objects)", tm.APIVersion, tm.Kind)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", tm.Kind, err)
+	}
+	return nil
+}
+
+func decodeAppend[T any](strict func(any) error, list *[]T) error {
+	var v T
+	if err := strict(&v); err != nil {
+		return err
+	}
+	*list = append(*list, v)
+	return nil
+}
+
+var commentLine = regexp.MustCompile(`(?m)^\s*#.*$`)
+
+func stripComments(b []byte) []byte { return commentLine.ReplaceAll(b, nil) }
+
+type policyPDB = policyv1.PodDisruptionBudget
+
+// workload is a Deployment or StatefulSet seen through what the checks need.
+type workload struct {
+	Kind     string
+	Name     string
+	Selector *metav1.LabelSelector
+	Replicas *int32
+	Template corev1.PodTemplateSpec
+}
+
+func (o *objects) workloads() []workload {
+	var ws []workload
+	for _, d := range o.Deployments {
+		ws = append(ws, workload{"Deployment", d.Name, d.Spec.Selector, d.Spec.Replicas, d.Spec.Template})
+	}
+	for _, s := range o.StatefulSets {
+		ws = append(ws, workload{"StatefulSet", s.Name, s.Spec.Selector, s.Spec.Replicas, s.Spec.Template})
+	}
+	return ws
+}
+
+func (o *objects) configMap(name string) *corev1.ConfigMap {
+	for i := range o.ConfigMaps {
+		if o.ConfigMaps[i].Name == name {
+			return &o.ConfigMaps[i]
+		}
+	}
+	return nil
+}
+
+func (o *objects) secret(name string) *corev1.Secret {
+	for i := range o.Secrets {
+		if o.Secrets[i].Name == name {
+			return &o.Secrets[i]
+		}
+	}
+	return nil
+}
+
+func (o *objects) service(name string) *corev1.Service {
+	for i := range o.Services {
+		if o.Services[i].Name == name {
+			return &o.Services[i]
+		}
+	}
+	return nil
+}
+
+func (o *objects) deployment(name string) *appsv1.Deployment {
+	for i := range o.Deployments {
+		if o.Deployments[i].Name == name {
+			return &o.Deployments[i]
+		}
+	}
+	return nil
+}
