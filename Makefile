@@ -5,9 +5,10 @@ GO ?= go
 
 .PHONY: run test bench fuzz vet fmt deps build
 
-## run: start kvroute serve with the embedded Redis and three simulated replicas
+## run: start kvroute serve on loopback (no admin token needed there) with the
+## embedded Redis and three simulated replicas; README's curls use localhost
 run:
-	$(GO) run ./cmd/kvroute serve --demo-replicas 3
+	$(GO) run ./cmd/kvroute serve --listen 127.0.0.1:8080 --demo-replicas 3
 
 ## test: every test, integration tests against a real redis-server included
 test:

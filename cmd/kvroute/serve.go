@@ -40,6 +40,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return usageError{err}
 	}
+	if err := lc.access.checkExposure(cfg.Listen); err != nil {
+		return usageError{err}
+	}
+	if err := lc.access.apply(&cfg); err != nil {
+		return usageError{err}
+	}
 	cfg.Logger = log
 	if cfg.RedisURL == "" {
 		// Embedded mode: the ingestor follows the replicas' events in
@@ -62,6 +68,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 type logConfig struct {
 	level, format string
 	demoReplicas  int
+	// access is who may call what (access.go).
+	access *accessFlags
 }
 
 // parseServe turns the command line and environment into the app's
@@ -102,6 +110,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
+	lc.access = addAccessFlags(fs, &rc)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: kvroute serve [flags]\n\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
 		fs.VisitAll(func(f *flag.Flag) {
@@ -131,6 +140,9 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	}
 	if rc.BlockSize <= 0 {
 		return cfg, lc, usageError{fmt.Errorf("--block-size must be positive, got %d", rc.BlockSize)}
+	}
+	if err := lc.access.resolve(rc); err != nil {
+		return cfg, lc, usageError{err}
 	}
 	if r := cfg.Tokenizers.ShadowRate; !(r >= 0 && r <= 1) {
 		return cfg, lc, usageError{fmt.Errorf("--tokenizer-shadow-rate must be in 0..1, got %v", r)}
