@@ -142,6 +142,9 @@ type Router struct {
 	// progress holds first-token and release reports the store could not
 	// take; Run retries them.
 	progress progressQueue
+	// reset is what survives the store losing its data (reset.go).
+	reset   resetState
+	onReset func(ctx context.Context, known []kvroute.Replica)
 	// suspects are replicas recently seen failing (suspect.go).
 	suspects suspectSet
 }
@@ -156,6 +159,11 @@ type Options struct {
 	// Rand breaks ties and samples power-of-two; nil means a randomly
 	// seeded source (seed it in tests).
 	Rand *mrand.Rand
+	// OnStoreReset is called when the store is found to have lost its
+	// data, with this pod's last copy of the registry, to write it back;
+	// nil means nobody re-seeds (the decisions of the reset window still
+	// fall back to that copy).
+	OnStoreReset func(ctx context.Context, known []kvroute.Replica)
 	// NewID mints the request id of a decision on model; nil means the
 	// index's NewRequestID when it has one (the store's ids carry their
 	// model, so that Advance and Release find its lease in its model's
@@ -197,7 +205,7 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 			opt.NewID = m.NewRequestID
 		}
 	}
-	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand}, nil
+	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset}, nil
 }
 
 // BlockSize is the block size requests for model are keyed with, given the
@@ -268,7 +276,16 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 			fleet = append(fleet, rep)
 		}
 	}
+	resetting := r.resetting()
 	if len(fleet) == 0 {
+		// A model this pod knew has vanished: an operator deleted its
+		// replicas, or the store lost its data. Only the epoch tells.
+		if known := r.reset.knownFleet(req.Model); len(known) > 0 {
+			if reset, _ := r.CheckEpoch(ctx); reset || resetting {
+				d := Decision{RequestID: r.newID(req.Model), BlockSize: r.BlockSize(req.Model, known), Policy: scoring.PolicyRoundRobin}
+				return r.degradedWith(d, known, ReasonStoreReset)
+			}
+		}
 		return Decision{}, fmt.Errorf("router: model %q: %w", req.Model, kvroute.ErrNotFound)
 	}
 	fleet = r.suspects.demote(r.now(), fleet)
@@ -357,6 +374,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		}
 	}
 	p := out.Pick
+	if resetting {
+		// Cache-aware over what the index holds again, but the index is
+		// partial until the ingestors' replays land: say so.
+		d.Degraded, d.Reason = true, ReasonStoreReset
+	}
 	d.Replica = fleet[p]
 	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
 	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires
@@ -449,18 +471,37 @@ func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Dec
 	if len(ok) == 0 {
 		return Decision{}, fmt.Errorf("router: store unreachable and no healthy replica known: %w", kvroute.ErrUnavailable)
 	}
-	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
-	d.Policy, d.Degraded = scoring.PolicyRoundRobin, true
-	d.Reason = "state store unreachable"
+	reason := "state store unreachable"
 	if cause == nil {
-		d.Reason += " (recently failed; retried within " + r.cfg.StoreBackoff.String() + ")"
+		reason += " (recently failed; retried within " + r.cfg.StoreBackoff.String() + ")"
 	} else {
-		d.Reason += ": " + cause.Error()
-	}
-	if cause != nil {
+		reason += ": " + cause.Error()
 		// Once per backoff window, not once per decision.
 		r.log.Warn("state store unreachable: deciding round-robin", "backoff", r.cfg.StoreBackoff, "err", cause)
 	}
+	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
+	d.Policy, d.Degraded, d.Reason = scoring.PolicyRoundRobin, true, reason
+	return d, nil
+}
+
+// ReasonStoreReset is the degraded reason of decisions made while the
+// store rebuilds after losing its data (reset.go).
+const ReasonStoreReset = "state store lost its data: registry re-seeded from this pod's last copy, index rebuilding from the replicas' replay buffers"
+
+// degradedWith decides round-robin over fleet's routable replicas for
+// reason, as degraded does for an unreachable store.
+func (r *Router) degradedWith(d Decision, fleet []kvroute.Replica, reason string) (Decision, error) {
+	var ok []kvroute.Replica
+	for _, rep := range fleet {
+		if rep.Routable() {
+			ok = append(ok, rep)
+		}
+	}
+	if len(ok) == 0 {
+		return Decision{}, fmt.Errorf("router: no healthy replica known: %w", kvroute.ErrNoReplica)
+	}
+	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
+	d.Policy, d.Degraded, d.Reason = scoring.PolicyRoundRobin, true, reason
 	return d, nil
 }
 
@@ -515,6 +556,7 @@ func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool,
 		return nil, false, fmt.Errorf("router: list replicas: %w", err)
 	}
 	c.replicas, c.at, c.valid = list, r.now(), true
+	r.reset.remember(list)
 	return list, false, nil
 }
 

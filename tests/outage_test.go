@@ -27,6 +27,7 @@ func startPod(t *testing.T, redisURL string) *pod {
 	t.Helper()
 	cfg := router.DefaultConfig()
 	cfg.RegistryTTL = 50 * time.Millisecond
+	cfg.Seed = seed // the harness's ingestors key with it
 	a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", RedisURL: redisURL, Router: cfg, Tokenizers: app.Tokenizers{NoRemote: true}})
 	if err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	} else if a.Store, err = store.Open(ctx, cfg.RedisURL, sopt); err != nil {
 		return nil, err
 	}
-	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log}); err != nil {
+	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log, OnStoreReset: a.reseed}); err != nil {
 		return nil, err
 	}
 	if cfg.ReplicasFile != "" {
@@ -192,6 +192,25 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	return a, nil
 }
 
+// reseed writes this pod's last copy of the registry back into a store
+// that lost its data, so that the ingestors follow the replicas again and
+// rebuild the index from their replay buffers. Every pod that noticed does
+// the same; the writes are idempotent. A replica deleted meanwhile by
+// another pod's admin call would come back; that window is a second.
+func (a *App) reseed(ctx context.Context, known []kvroute.Replica) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	n := 0
+	for _, rep := range known {
+		if err := a.Store.PutReplica(ctx, rep); err != nil {
+			a.log.Warn("re-seed replica", "replica", rep.ID, "err", err)
+			continue
+		}
+		n++
+	}
+	a.log.Warn("re-seeded the registry into a store that lost its data", "replicas", n, "of", len(known))
+}
+
 // ready is /readyz: this pod can answer decisions. Every task routing
 // depends on is alive, and the store answers or, while it does not, the
 // pod knows a fleet to route over degraded. The store's own state is
@@ -232,7 +251,12 @@ func (a *App) Start() error {
 	})
 	// Progress reports the store could not take are retried in the
 	// background; the retrier is a task like any other.
-	tasks := append([]Task{{Name: "progress-reports", Run: func(ctx context.Context, a *App) error { return a.Router.Run(ctx) }}}, a.cfg.Tasks...)
+	tasks := append([]Task{
+		{Name: "progress-reports", Run: func(ctx context.Context, a *App) error { return a.Router.Run(ctx) }},
+		// A Redis that lost its data is noticed within a second, with or
+		// without traffic, and the registry written back (reseed).
+		{Name: "store-epoch", Run: func(ctx context.Context, a *App) error { return a.Router.RunEpochCheck(ctx, time.Second) }},
+	}, a.cfg.Tasks...)
 	for _, t := range tasks {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return a.runTask(ctx, t) }, func(error) { cancel() })
