@@ -83,7 +83,17 @@ func TestClusterPrimaryRestart(t *testing.T) {
 	}
 	for _, m := range models {
 		t.Run("decide "+m, func(t *testing.T) {
-			d, err := rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
+			// A cluster just formed may still be settling its
+			// configuration (and the router backs off after a failed
+			// call): allow it a few seconds.
+			var d router.Decision
+			var err error
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				d, err = rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
+				if (err == nil && cacheAware(m, d)) || time.Now().After(deadline) {
+					break
+				}
+			}
 			if err != nil || !cacheAware(m, d) {
 				t.Fatalf("route = %+v, %v; want %s-r0 with 8 matched blocks, not degraded", d, err, m)
 			}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -255,6 +256,14 @@ func (c *RedisCluster) WaitOK(tb testing.TB, timeout time.Duration) {
 			}
 		}
 		if ok {
+			// Every node must also see the same owners, or a client
+			// loading its slot map from a node still catching up is
+			// redirected (or refused) on its first commands.
+			if _, err := c.slotViews(); err != nil {
+				ok, last = false, err.Error()
+			}
+		}
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -262,6 +271,37 @@ func (c *RedisCluster) WaitOK(tb testing.TB, timeout time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// slotViews checks that every node's CLUSTER SLOTS names the same primary
+// for every range.
+func (c *RedisCluster) slotViews() (bool, error) {
+	var first string
+	for _, a := range c.Addrs() {
+		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		slots, err := rc.ClusterSlots(ctx).Result()
+		cancel()
+		_ = rc.Close()
+		if err != nil {
+			return false, fmt.Errorf("%s: cluster slots: %w", a, err)
+		}
+		ranges := make([]string, 0, len(slots))
+		for _, r := range slots {
+			if len(r.Nodes) == 0 {
+				return false, fmt.Errorf("%s: slots %d-%d unowned", a, r.Start, r.End)
+			}
+			ranges = append(ranges, fmt.Sprintf("%d-%d@%s", r.Start, r.End, r.Nodes[0].Addr))
+		}
+		sort.Strings(ranges)
+		view := strings.Join(ranges, " ")
+		if first == "" {
+			first = view
+		} else if view != first {
+			return false, fmt.Errorf("%s sees slots %s, another node %s", a, view, first)
+		}
+	}
+	return true, nil
 }
 
 // Primary returns the index (into Addrs) of the primary serving key's slot.
