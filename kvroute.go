@@ -75,6 +75,11 @@ type Replica struct {
 	// must be keyed with the block size the replica's events are keyed
 	// with, or no lookup ever matches; the replica knows it best.
 	BlockSize int `json:"block_size,omitempty"`
+	// FollowedSince is when an ingestor finished catching up on the
+	// replica's event stream (its replay buffer applied); zero while no
+	// ingestor follows it. Until then the index does not know what the
+	// replica holds, and decisions for it say so.
+	FollowedSince time.Time `json:"followed_since,omitzero"`
 }
 
 // Routable reports whether the replica may receive traffic. A replica nobody

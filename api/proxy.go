@@ -26,6 +26,9 @@ import (
 const (
 	// ReasonStoreUnavailable: the state store was bypassed.
 	ReasonStoreUnavailable = "store-unavailable"
+	// ReasonIndexIncomplete: no ingestor has caught up yet on the chosen
+	// replica's events, so the decision may have missed what it holds.
+	ReasonIndexIncomplete = "index-incomplete"
 	// ReasonNoTokenizer: the prompt was text or chat for a model nobody
 	// can tokenize, so the decision was cache-blind (it still weighs
 	// load).

@@ -83,8 +83,12 @@ type RouteResponse struct {
 	CacheBlind   string `json:"cache_blind,omitempty"`
 	// Partial says why only a prefix of the prompt was keyed
 	// ("multimodal": the text before the first media part).
-	Partial    string          `json:"partial,omitempty"`
-	Candidates []scoring.Score `json:"candidates,omitempty"`
+	Partial string `json:"partial,omitempty"`
+	// IndexIncomplete is true when no ingestor has caught up yet on the
+	// chosen replica's events (just registered, or its ingestor died):
+	// matched_blocks may be short of what it holds.
+	IndexIncomplete bool            `json:"index_incomplete,omitempty"`
+	Candidates      []scoring.Score `json:"candidates,omitempty"`
 }
 
 // ProgressResponse answers first-token and release. Found is false when
@@ -149,7 +153,7 @@ func routeResponse(d keyed) RouteResponse {
 		BlockSize: d.BlockSize, Policy: string(d.Policy), Mode: d.Mode,
 		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
 		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
-		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial,
+		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial, IndexIncomplete: d.IndexIncomplete,
 	}
 }
 
@@ -259,6 +263,9 @@ func setDecisionHeaders(h http.Header, d keyed) {
 	h.Set(HeaderTokenization, string(d.prompt.Source))
 	h.Set(HeaderMatchedBlocks, strconv.Itoa(d.Matched))
 	var reasons []string
+	if d.IndexIncomplete {
+		reasons = append(reasons, ReasonIndexIncomplete)
+	}
 	if d.prompt.Blind != "" {
 		reasons = append(reasons, d.prompt.Blind)
 	}

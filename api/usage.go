@@ -59,6 +59,12 @@ func (t *usageTap) Read(p []byte) (int, error) {
 	if len(t.out) > 0 {
 		n := copy(p, t.out)
 		t.out = t.out[n:]
+		if len(t.out) == 0 && t.eof != nil {
+			// The last bytes and the end together, as the source gave
+			// them: the proxy then ends the request (and releases its
+			// booking) before the client has read its last byte.
+			return n, t.eof
+		}
 		return n, nil
 	}
 	return 0, t.eof

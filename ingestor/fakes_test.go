@@ -33,6 +33,7 @@ type fakeStore struct {
 	version   int64
 	leases    map[string]string
 	health    map[string]kvroute.Health
+	followed  map[string]time.Time
 	scraped   map[string][3]float64
 	blockSize map[string]int
 	purged    map[string]int
@@ -172,6 +173,16 @@ func (s *fakeStore) SetBlockSize(_ context.Context, id string, size int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.blockSize[id] = size
+	return nil
+}
+
+func (s *fakeStore) SetFollowed(_ context.Context, id string, since time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.followed == nil {
+		s.followed = map[string]time.Time{}
+	}
+	s.followed[id] = since
 	return nil
 }
 

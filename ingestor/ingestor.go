@@ -38,6 +38,7 @@ type Store interface {
 	SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error
 	SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error
 	SetBlockSize(ctx context.Context, id string, size int) error
+	SetFollowed(ctx context.Context, id string, since time.Time) error
 	SweepExpired(ctx context.Context, model string) (int, error)
 	PurgeReplica(ctx context.Context, model, replica string) error
 }
@@ -56,7 +57,9 @@ type Config struct {
 	// leases are renewed every third of it. Zero means 15s.
 	LeaseTTL time.Duration
 	// RegistryInterval is how often the registry version is polled, which
-	// bounds how long a new replica waits to be followed. Zero means 2s.
+	// bounds how long a new replica waits to be followed (a poll is one
+	// HGET; a changed version lists the registry and acquires the new
+	// replicas at once). Zero means 500 ms.
 	RegistryInterval time.Duration
 	// HealthInterval is how often owned replicas' /health is probed, which
 	// bounds how long a dead replica keeps receiving requests. Zero means
@@ -154,7 +157,7 @@ func New(c Config) (*Ingestor, error) {
 		}
 	}
 	def(&c.LeaseTTL, 15*time.Second)
-	def(&c.RegistryInterval, 2*time.Second)
+	def(&c.RegistryInterval, 500*time.Millisecond)
 	def(&c.HealthInterval, 5*time.Second)
 	def(&c.MetricsInterval, 5*time.Second)
 	def(&c.SweepInterval, 5*time.Second)
@@ -346,8 +349,21 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 			}
 		}
 	}
-	if len(changed) > 0 {
-		// Restart them under the lease we still hold.
+	in.mu.Lock()
+	unowned := false
+	for id := range next {
+		if in.owned[id] == nil {
+			unowned = true
+			break
+		}
+	}
+	in.mu.Unlock()
+	if len(changed) > 0 || unowned {
+		// Restart changed replicas under the lease we still hold, and
+		// try for new ones now rather than at the next renewal (up to
+		// LeaseTTL/3 away): decisions are cache-blind for a replica
+		// nobody follows, so following must start within a registry
+		// poll of its registration.
 		in.renewLeases(ctx)
 	}
 	in.m.owned.Set(float64(len(in.Owned())))
@@ -429,6 +445,13 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 			rep: r, follower: f, transport: in.c.Transport, dial: in.c.Bind == "",
 			stallTimeout: in.c.StallTimeout, minBackoff: in.c.MinBackoff, maxBackoff: in.c.MaxBackoff,
 			rnd: in.rnd.Float64, m: in.m, log: log, now: in.c.Now,
+			onSynced: func(ctx context.Context) {
+				// Decisions say a replica's index is incomplete until
+				// this is recorded.
+				if err := in.st.SetFollowed(ctx, r.ID, in.c.Now()); err != nil && ctx.Err() == nil {
+					log.Warn("record followed", "err", err)
+				}
+			},
 		})
 		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		o.cancel, o.done = cancel, make(chan struct{})
@@ -454,6 +477,15 @@ func (in *Ingestor) stopWorker(o *owned) {
 	}
 	o.cancel()
 	<-o.done
+	if o.w.synced() {
+		// Nobody follows it now (until another ingestor takes it over):
+		// its index goes stale from here.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := in.st.SetFollowed(ctx, o.rep.ID, time.Time{}); err != nil {
+			in.log.Debug("record unfollowed", "replica", o.rep.ID, "err", err)
+		}
+	}
 }
 
 // ownedList snapshots the replicas this ingestor follows, for the probes

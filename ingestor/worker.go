@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -63,6 +64,9 @@ type workerConfig struct {
 	m            *Metrics
 	log          *slog.Logger
 	now          func() time.Time
+	// onSynced is called once, after the first catch-up on the replica's
+	// stream succeeds; nil means nobody is told.
+	onSynced func(ctx context.Context)
 }
 
 // maxDrain bounds the messages a worker takes off its queue at once.
@@ -82,7 +86,12 @@ type worker struct {
 	mu        sync.Mutex
 	downSince time.Time // zero while the stream is connected
 	stalled   bool
+	// wasSynced is set by the first successful catch-up (onSynced).
+	wasSynced atomic.Bool
 }
+
+// synced reports whether the worker ever caught up on its stream.
+func (w *worker) synced() bool { return w.wasSynced.Load() }
 
 func newWorker(c workerConfig) *worker {
 	w := &worker{
@@ -217,6 +226,8 @@ func (w *worker) handle(ctx context.Context, fs []feed) {
 		bs = bs[:0]
 		if err := w.follower.Sync(ctx); err != nil && ctx.Err() == nil {
 			w.log.Warn("sync", "err", err)
+		} else if err == nil && !w.wasSynced.Swap(true) && w.onSynced != nil {
+			w.onSynced(ctx)
 		}
 	}
 	w.apply(ctx, bs)

@@ -122,6 +122,10 @@ type Decision struct {
 	Reason       string
 	Candidates   []scoring.Score
 	Expires      time.Time
+	// IndexIncomplete is true when the chosen replica publishes events but
+	// no ingestor has caught up on them yet (a replica just registered, or
+	// one whose ingestor died): what the index says it holds may be short.
+	IndexIncomplete bool
 }
 
 // Router decides. It is safe for concurrent use.
@@ -380,6 +384,7 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		d.Degraded, d.Reason = true, ReasonStoreReset
 	}
 	d.Replica = fleet[p]
+	d.IndexIncomplete = fleet[p].Events != "" && fleet[p].FollowedSince.IsZero()
 	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
 	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires
 	// Replicas that publish no events are known only from what we send

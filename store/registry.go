@@ -135,6 +135,18 @@ func (s *Store) SetHealth(ctx context.Context, id string, h kvroute.Health, at t
 	})
 }
 
+// SetFollowed records when an ingestor finished catching up on the
+// replica's events (zero: nobody follows it now). It moves the registry
+// version, so that pods learn at their next registry read that the
+// replica's index is complete.
+func (s *Store) SetFollowed(ctx context.Context, id string, since time.Time) error {
+	return s.updateReplica(ctx, "set followed", id, func(r *kvroute.Replica) bool {
+		changed := r.FollowedSince.IsZero() != since.IsZero()
+		r.FollowedSince = since
+		return changed
+	})
+}
+
 // SetBlockSize records the block size the replica reports (vLLM's
 // cache_config_info), which the router keys the model's requests with. It
 // writes, and moves the registry version, only when the size changes.

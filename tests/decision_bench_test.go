@@ -135,7 +135,7 @@ func BenchmarkDecision(b *testing.B) {
 						b.Fatal(err)
 					}
 					look = append(look, time.Since(t0))
-					l := kvroute.Lease{RequestID: fmt.Sprintf("probe-%d", i), Model: "bench", Replica: ids[0], PrefillBlocks: 1, DecodeBlocks: 1, Expires: time.Now().Add(time.Minute)}
+					l := kvroute.Lease{RequestID: store.RequestID("bench", fmt.Sprintf("probe-%d", i)), Model: "bench", Replica: ids[0], PrefillBlocks: 1, DecodeBlocks: 1, Expires: time.Now().Add(time.Minute)}
 					t0 = time.Now()
 					if _, _, err := st.Reserve(ctx, l, -1); err != nil {
 						b.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -362,9 +363,16 @@ func TestRedisDown(t *testing.T) {
 	if seen["r0"] != 2 || seen["r1"] != 2 {
 		t.Errorf("degraded placement %v, want round-robin over r0 and r1", seen)
 	}
-	if code, body := h.call("GET", "/readyz", ""); code != http.StatusServiceUnavailable {
-		t.Errorf("readyz with Redis down: %d %s, want 503", code, body)
+	// Ready means "this pod can answer decisions": it can (degraded, over
+	// the fleet it knows), so a load balancer must not pull every pod at
+	// once. The store's own state is reported apart.
+	if code, body := h.call("GET", "/readyz", ""); code != http.StatusOK {
+		t.Errorf("readyz with Redis down: %d %s, want 200 (degraded decisions still answer)", code, body)
 	}
+	if _, m := h.call("GET", "/metrics", ""); !strings.Contains(m, "kvroute_store_up 0") {
+		t.Errorf("/metrics does not report the store down (kvroute_store_up 0)")
+	}
+
 }
 
 // TestReportedBlockSize: replicas running 32-token blocks while the router

@@ -110,5 +110,5 @@ func BenchmarkTokenForwarding(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(fw.p50().Microseconds()), "ids-forwarded-p50-µs")
 	b.ReportMetric(float64(tx.p50().Microseconds()), "text-forwarded-p50-µs")
-	b.ReportMetric(float64((tx.p50()-fw.p50()).Microseconds()), "saved-p50-µs")
+	b.ReportMetric(float64((tx.p50() - fw.p50()).Microseconds()), "saved-p50-µs")
 }
