@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 	"time"
 
 	"github.com/kvroute/kvroute/ingestor"
@@ -81,9 +80,5 @@ func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if !reflect.DeepEqual(c.redis, store.Config{URL: c.redis.URL}) {
-		// internal/app takes a URL until it takes a store.Config.
-		return usageError{fmt.Errorf("redis %s: only --redis-url is wired into the ingestor so far", c.redis)}
-	}
-	return app.RunIngest(ctx, app.IngestConfig{RedisURL: c.redis.URL, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
+	return app.RunIngest(ctx, app.IngestConfig{Redis: c.redis, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
 }

@@ -40,6 +40,10 @@ type Config struct {
 	// (miniredis) in this process: zero setup, but nothing is shared with
 	// other pods and everything is lost on exit.
 	RedisURL string
+	// Redis is the full store setting (Sentinel, Cluster, ACL user,
+	// password file, TLS files); when configured it wins over RedisURL.
+	// The zero value defers to RedisURL.
+	Redis store.Config
 	Router   router.Config
 	// ReplicasFile, when set, is a JSON array of kvroute.Replica written
 	// to the registry at start (replacing entries with the same ids).
@@ -122,14 +126,18 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	}()
 
 	sopt := store.Options{Logger: a.log}
-	if cfg.RedisURL == "" {
+	rc := cfg.Redis
+	if !rc.Configured() && cfg.RedisURL != "" {
+		rc = store.Config{URL: cfg.RedisURL}
+	}
+	if !rc.Configured() {
 		var addr string
 		if a.Store, addr, err = store.OpenEmbedded(ctx, sopt); err != nil {
 			return nil, err
 		}
 		a.log.Warn("no Redis URL given: running on an embedded in-memory Redis (miniredis); state is lost on exit and not shared with other pods",
 			"addr", addr)
-	} else if a.Store, err = store.Open(ctx, cfg.RedisURL, sopt); err != nil {
+	} else if a.Store, err = store.OpenConfig(ctx, rc, sopt); err != nil {
 		return nil, err
 	}
 	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log, OnStoreReset: a.reseed}); err != nil {

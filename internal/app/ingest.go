@@ -24,6 +24,9 @@ type IngestConfig struct {
 	// RedisURL is the shared index; required (an ingestor alone over an
 	// embedded Redis would write an index nobody reads).
 	RedisURL string
+	// Redis is the full store setting (Sentinel, Cluster, ACL user,
+	// password file, TLS files); when configured it wins over RedisURL.
+	Redis store.Config
 	// MetricsListen is the address of /metrics and /healthz; port 0 picks
 	// a free port.
 	MetricsListen string
@@ -42,14 +45,18 @@ type IngestConfig struct {
 // component fails (its error): an ingestor whose metrics server cannot
 // serve, or whose event loop died, must not linger as if it worked.
 func RunIngest(ctx context.Context, c IngestConfig) error {
-	if c.RedisURL == "" {
+	rc := c.Redis
+	if !rc.Configured() && c.RedisURL != "" {
+		rc = store.Config{URL: c.RedisURL}
+	}
+	if !rc.Configured() {
 		return errors.New("ingest: a Redis URL is required: an ingestor writes the shared index")
 	}
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	st, err := store.Open(ctx, c.RedisURL, store.Options{Logger: log})
+	st, err := store.OpenConfig(ctx, rc, store.Options{Logger: log})
 	if err != nil {
 		return err
 	}
