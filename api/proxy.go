@@ -150,6 +150,11 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// Checked before deciding, so that a bad body books nothing.
+	if b := trimSpace(oa.StreamOptions); present(oa.StreamOptions) && b[0] != '{' {
+		s.writeError(w, r, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"})
+		return
+	}
 	req := router.Request{Model: oa.Model, SessionID: r.Header.Get(HeaderSessionID), CacheSalt: oa.CacheSalt}
 	for _, mt := range []struct {
 		field string

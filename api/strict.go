@@ -59,7 +59,7 @@ func (s *scanner) field() string {
 	}
 	var b strings.Builder
 	for i, p := range s.path {
-		if i > 0 && p[0] != '[' {
+		if i > 0 && (p == "" || p[0] != '[') {
 			b.WriteByte('.')
 		}
 		b.WriteString(p)
@@ -283,9 +283,9 @@ func (s *scanner) str(key bool) (string, error) {
 						continue
 					}
 				}
-				return "", s.badText(key)
+				return "", s.badText(key, start)
 			case r >= 0xDC00 && r < 0xE000:
-				return "", s.badText(key)
+				return "", s.badText(key, start)
 			}
 		case c < 0x20:
 			return "", errSyntax
@@ -294,7 +294,7 @@ func (s *scanner) str(key bool) (string, error) {
 		default:
 			r, size := utf8.DecodeRune(s.b[s.i:])
 			if r == utf8.RuneError && size <= 1 {
-				return "", s.badText(key)
+				return "", s.badText(key, start)
 			}
 			s.i += size
 		}
@@ -302,9 +302,12 @@ func (s *scanner) str(key bool) (string, error) {
 	return "", errSyntax
 }
 
-func (s *scanner) badText(key bool) error {
+func (s *scanner) badText(key bool, start int) error {
 	if key {
-		return &kvroute.FieldError{Field: s.field(), Msg: "has a key that is not valid UTF-8"}
+		// The key is named as far as it is readable.
+		name := strings.ToValidUTF8(string(s.b[start:s.i]), "\uFFFD") + "\uFFFD"
+		s.path = append(s.path, name)
+		return s.fail("is a key that is not valid UTF-8")
 	}
 	return s.fail("is not valid UTF-8 (or holds a lone surrogate escape)")
 }
