@@ -108,6 +108,9 @@ func hostileInputs() []hostile {
 		route("garbage", "\x00\x01\x02", 400, ""),
 		route("array body", `[{"model":"m"}]`, 400, ""),
 		proxy("proxy truncated", `{"model":"m","prompt":"`, ""),
+		route("long cache salt", `{"model":"m","token_ids":[1],"cache_salt":"`+strings.Repeat("s", 1025)+`"}`, 400, "cache_salt"),
+		route("long session", `{"model":"m","token_ids":[1],"session_id":"`+strings.Repeat("s", 1025)+`"}`, 400, "session_id"),
+		proxy("proxy long cache salt", `{"model":"m","prompt":[1],"cache_salt":"`+strings.Repeat("s", 1025)+`"}`, "cache_salt"),
 		// Query parameters.
 		{"redirect not a boolean", http.MethodPost, "/v1/completions?redirect=maybe", `{"model":"m","prompt":[1]}`, 400, "redirect"},
 		{"route redirect", http.MethodPost, "/v1/route?redirect=true", `{"model":"m","token_ids":[1]}`, 400, "redirect"},

@@ -143,3 +143,32 @@ func TestReplicaAddresses(t *testing.T) {
 		t.Errorf("registry after refusals: %s", got)
 	}
 }
+
+// TestHeaderErrors: a header is input too, and its error is JSON naming it.
+func TestHeaderErrors(t *testing.T) {
+	h := newHarness(t, fleet(1, "m"))
+	for _, tt := range []struct {
+		name, path, value string
+	}{
+		{"session not UTF-8", "/v1/route", "s\xff"},
+		{"session too long", "/v1/route", strings.Repeat("s", 1025)},
+		{"proxy session not UTF-8", "/v1/completions", "s\xfe"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			body := `{"model":"m","token_ids":[1]}`
+			if strings.Contains(tt.path, "completions") {
+				body = `{"model":"m","prompt":[1]}`
+			}
+			status, hdr, raw := h.post(t, tt.path, body, api.HeaderSessionID, tt.value)
+			if status != http.StatusBadRequest || errorField(t, raw) != api.HeaderSessionID || hdr.Get("Content-Type") != "application/json" {
+				t.Errorf("got %d %s, want a JSON 400 naming %s", status, raw, api.HeaderSessionID)
+			}
+		})
+	}
+	t.Run("content type", func(t *testing.T) {
+		status, hdr, raw := h.do(t, http.MethodPost, "/v1/route", "text/plain", `{}`)
+		if status != http.StatusBadRequest || hdr.Get("Content-Type") != "application/json" {
+			t.Errorf("got %d %s", status, raw)
+		}
+	})
+}

@@ -155,7 +155,15 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"})
 		return
 	}
-	req := router.Request{Model: oa.Model, SessionID: r.Header.Get(HeaderSessionID), CacheSalt: oa.CacheSalt}
+	session, err := sessionHeader(r)
+	if err == nil {
+		err = checkKeyStrings("cache_salt", oa.CacheSalt)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req := router.Request{Model: oa.Model, SessionID: session, CacheSalt: oa.CacheSalt}
 	for _, mt := range []struct {
 		field string
 		n     *int

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 
@@ -127,7 +128,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req, in, err := s.routeRequest(body, r.Header.Get(HeaderSessionID))
+	session, err := sessionHeader(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req, in, err := s.routeRequest(body, session)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -155,6 +161,35 @@ func routeResponse(d keyed) RouteResponse {
 		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
 		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial, IndexIncomplete: d.IndexIncomplete,
 	}
+}
+
+// maxKeyBytes bounds the request strings that reach block keys and
+// session hashing (session id, cache salt, LoRA name).
+const maxKeyBytes = 1024
+
+// sessionHeader is the X-Session-Id header, checked as the body's
+// session_id is: a header is input too, and its error is JSON like any.
+func sessionHeader(r *http.Request) (string, error) {
+	vals := r.Header.Values(HeaderSessionID)
+	switch {
+	case len(vals) == 0:
+		return "", nil
+	case len(vals) > 1:
+		return "", &kvroute.FieldError{Field: HeaderSessionID, Msg: "is given more than once"}
+	case len(vals[0]) > maxKeyBytes || !utf8.ValidString(vals[0]):
+		return "", &kvroute.FieldError{Field: HeaderSessionID, Msg: fmt.Sprintf("must be at most %d bytes of UTF-8", maxKeyBytes)}
+	}
+	return vals[0], nil
+}
+
+// checkKeyStrings bounds the strings of a request that are hashed.
+func checkKeyStrings(fields ...string) error {
+	for i := 0; i+1 < len(fields); i += 2 {
+		if len(fields[i+1]) > maxKeyBytes {
+			return &kvroute.FieldError{Field: fields[i], Msg: fmt.Sprintf("is longer than %d bytes", maxKeyBytes)}
+		}
+	}
+	return nil
 }
 
 // queryBool reads a boolean query parameter strictly: absent is false,
@@ -209,6 +244,9 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 			return router.Request{}, in, err
 		}
 		in.Request = tr
+	}
+	if err := checkKeyStrings("session_id", b.SessionID, "cache_salt", b.CacheSalt, "lora", b.LoRA); err != nil {
+		return router.Request{}, in, err
 	}
 	req := router.Request{Model: b.Model, SessionID: b.SessionID, CacheSalt: b.CacheSalt, LoRA: b.LoRA}
 	if req.SessionID == "" {
