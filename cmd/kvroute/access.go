@@ -102,33 +102,12 @@ func (a *accessFlags) checkExposure(listen string) error {
 	return fmt.Errorf("refusing to serve the admin API on %q without a token: set KVROUTE_ADMIN_TOKEN or --admin-token-file, listen on loopback (--listen 127.0.0.1:8080), or pass --insecure-admin", listen)
 }
 
-// apply hands the settings to the app. internal/app does not carry them
-// to api.Config yet, so any setting beyond the API's defaults fails the
-// start rather than being silently ignored: a token that is not enforced
-// is worse than none.
+// apply hands the settings to the app.
 func (a *accessFlags) apply(cfg *app.Config) error {
-	_ = cfg
-	var unwired []string
-	if len(a.access.AdminTokens) > 0 {
-		unwired = append(unwired, "admin tokens")
-	}
-	if len(a.access.APITokens) > 0 {
-		unwired = append(unwired, "--api-tokens")
-	}
-	if a.access.MetricsAuth {
-		unwired = append(unwired, "--metrics-auth")
-	}
-	if len(a.policy.Allow) > 0 {
-		unwired = append(unwired, "--allow-replica-cidrs")
-	}
-	if a.maxOutputTokens != api.DefaultMaxOutputTokens {
-		unwired = append(unwired, "--max-output-tokens")
-	}
-	if a.proxyRetries != api.DefaultProxyRetries {
-		unwired = append(unwired, "--proxy-retries")
-	}
-	if len(unwired) > 0 {
-		return fmt.Errorf("%s: not wired into the server yet (internal/app does not pass them to the API); refusing to start without them", strings.Join(unwired, ", "))
+	cfg.Access, cfg.ReplicaPolicy, cfg.MaxOutputTokens = a.access, a.policy, a.maxOutputTokens
+	cfg.ProxyRetries = a.proxyRetries
+	if cfg.ProxyRetries == 0 {
+		cfg.ProxyRetries = -1 // api: zero is the default, negative none
 	}
 	return nil
 }

@@ -60,7 +60,7 @@ func TestParseServe(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.Listen != ":8080" || cfg.RedisURL != "" || cfg.Router.BlockSize != 16 || cfg.Router.Scoring.Policy != scoring.PolicyKV || lc.level != "info" {
+		if cfg.Listen != ":8080" || cfg.Redis.URL != "" || cfg.Router.BlockSize != 16 || cfg.Router.Scoring.Policy != scoring.PolicyKV || lc.level != "info" {
 			t.Errorf("defaults: %+v %+v", cfg, lc)
 		}
 		if cfg.Router.LeaseTTL != 30*time.Second || cfg.Router.Scoring.HostWeight != 0.75 {
@@ -80,7 +80,7 @@ func TestParseServe(t *testing.T) {
 			t.Fatal(err)
 		}
 		sc := cfg.Router.Scoring
-		if cfg.Listen != "127.0.0.1:9000" || cfg.RedisURL != "redis://r:6379" || sc.Policy != scoring.PolicyHardSwitch ||
+		if cfg.Listen != "127.0.0.1:9000" || cfg.Redis.URL != "redis://r:6379" || sc.Policy != scoring.PolicyHardSwitch ||
 			sc.OverlapCredit != 0.5 || sc.CreditDecay != 1 || sc.PrefillLoadScale != 2 || sc.DecodeRequestWeight != 3 || sc.HostWeight != 0.5 ||
 			cfg.Router.BlockSize != 32 || cfg.Router.LeaseTTL != time.Minute || cfg.ReplicasFile != "/r.json" || cfg.Router.Seed != 7 || lc.level != "debug" {
 			t.Errorf("environment not applied: %+v %+v", cfg, lc)

@@ -47,7 +47,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{err}
 	}
 	cfg.Logger = log
-	if cfg.RedisURL == "" {
+	if !cfg.Redis.Configured() {
 		// Embedded mode: the ingestor follows the replicas' events in
 		// this process, over the same in-memory store.
 		cfg.Tasks = append(cfg.Tasks, app.Ingest(ingestor.Config{Owner: "embedded", Seed: cfg.Router.Seed}))
@@ -84,7 +84,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	var lc logConfig
 	var policy string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen `address` (all interfaces by default: the pod sits behind a load balancer)")
-	fs.StringVar(&cfg.RedisURL, "redis-url", "", "Redis `URL` (redis:// or rediss://); empty runs an embedded in-memory Redis in this process")
+	redisFlags(fs, &cfg.Redis, "Redis `URL` (redis:// or rediss://); with neither this nor --redis-addrs, an embedded in-memory Redis runs in this process")
 	fs.StringVar(&policy, "policy", string(sc.Policy), "routing `policy`: "+policyNames())
 	fs.Float64Var(&sc.OverlapCredit, "overlap-credit", sc.OverlapCredit, "prefill blocks one cached block saves (0 disables cache awareness)")
 	fs.Float64Var(&sc.CreditDecay, "credit-decay", sc.CreditDecay, "shrinks the overlap credit of replicas carrying excess prefill (anti-herding)")
@@ -128,6 +128,9 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 		return cfg, lc, usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	if err := applyEnv(fs, getenv); err != nil {
+		return cfg, lc, usageError{err}
+	}
+	if err := checkRedisFlags(cfg.Redis); err != nil {
 		return cfg, lc, usageError{err}
 	}
 	p, err := scoring.ParsePolicy(policy)

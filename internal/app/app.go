@@ -43,8 +43,8 @@ type Config struct {
 	// Redis is the full store setting (Sentinel, Cluster, ACL user,
 	// password file, TLS files); when configured it wins over RedisURL.
 	// The zero value defers to RedisURL.
-	Redis store.Config
-	Router   router.Config
+	Redis  store.Config
+	Router router.Config
 	// ReplicasFile, when set, is a JSON array of kvroute.Replica written
 	// to the registry at start (replacing entries with the same ids).
 	ReplicasFile string
@@ -55,6 +55,14 @@ type Config struct {
 	MaxBodyBytes   int64
 	MaxTokens      int
 	RequestTimeout time.Duration
+	// Access (bearer tokens), ReplicaPolicy (where a replica's addresses
+	// may point: the admin API, the replicas file and the proxy's dialer),
+	// MaxOutputTokens and ProxyRetries are the API's (see api.Config);
+	// zero values get its defaults.
+	Access          api.Access
+	ReplicaPolicy   kvroute.AddressPolicy
+	MaxOutputTokens int
+	ProxyRetries    int
 	// ShutdownTimeout bounds the graceful drain of in-flight requests
 	// (proxied streams included) on Stop; default 10s.
 	ShutdownTimeout time.Duration
@@ -148,6 +156,12 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		if err != nil {
 			return nil, err
 		}
+		for i, r := range reps {
+			// The address policy is the operator's, as on the admin API.
+			if err := cfg.ReplicaPolicy.Check(r); err != nil {
+				return nil, fmt.Errorf("replicas file %s: entry %d: %w", cfg.ReplicasFile, i, err)
+			}
+		}
 		for _, r := range reps {
 			if err := a.Store.PutReplica(ctx, r); err != nil {
 				return nil, fmt.Errorf("replicas file: %s: %w", r.ID, err)
@@ -183,6 +197,10 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		MaxTokens:         cfg.MaxTokens,
 		Timeout:           cfg.RequestTimeout,
+		Access:            cfg.Access,
+		ReplicaPolicy:     cfg.ReplicaPolicy,
+		MaxOutputTokens:   cfg.MaxOutputTokens,
+		ProxyRetries:      cfg.ProxyRetries,
 		Registerer:        a.Registry,
 		Gatherer:          a.Registry,
 	})
@@ -356,6 +374,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // LoadReplicasFile reads a JSON array of replicas and validates each, so
 // that a typo fails the start instead of leaving a replica unroutable.
+// Where their addresses may point is New's to check (Config.ReplicaPolicy).
 func LoadReplicasFile(path string) ([]kvroute.Replica, error) {
 	f, err := os.Open(path)
 	if err != nil {
