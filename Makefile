@@ -18,9 +18,10 @@ test:
 bench:
 	bash scripts/bench.sh
 
-## fuzz: the event decoder fuzz target, bounded
+## fuzz: the event decoder's and the HTTP handlers' fuzz targets, bounded
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ingestor/kvevents
+	$(GO) test -run '^$$' -fuzz FuzzHandlers -fuzztime 30s ./api
 
 build:
 	$(GO) build -o bin/kvroute ./cmd/kvroute

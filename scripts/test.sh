@@ -18,6 +18,7 @@ go test -count=1 -timeout 15m -v ./... >"$log" 2>&1 || status=$?
 # Package results, skips, failures, and proof that Redis tests ran for real.
 grep -E '^(ok|FAIL|---[[:space:]]FAIL|---[[:space:]]SKIP|panic:)|real redis-server' "$log" | sed -e 's/^[[:space:]]*//' -e 's/ at 127\.0\.0\.1:[0-9]*$//' | awk '!seen[$0]++' || true
 echo "Redis-backed tests run against a real server: $(grep -c 'real redis-server' "$log" || true) redis-server processes started"
+echo "Redis Cluster tests run against a real cluster: $(grep -c 'real Redis Cluster' "$log" || true) clusters started"
 if [ "$status" -ne 0 ]; then
   echo "== failures (full log: $log)"
   grep -B2 -A25 -E '^[[:space:]]*--- FAIL' "$log" | head -300 || tail -100 "$log"
@@ -40,5 +41,12 @@ if [ -d ingestor/kvevents ] && grep -q 'func FuzzDecode' ingestor/kvevents/*_tes
   if [ "$fstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fi
 
+hstatus=0
+if grep -q 'func FuzzHandlers' api/*_test.go 2>/dev/null; then
+  echo "== fuzz FuzzHandlers (bounded)"
+  go test -run '^$' -fuzz FuzzHandlers -fuzztime "${FUZZTIME_HTTP:-10s}" ./api 2>&1 | tail -3 || hstatus=$?
+  if [ "$hstatus" -ne 0 ]; then failed=$((failed + 1)); fi
+fi
+
 echo "tests: $passed passed, $failed failed, $skipped skipped"
-[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ] && [ "$hstatus" -eq 0 ]
