@@ -27,3 +27,5 @@ echo "== front door: a ~32k-token messages decision against the same token_ids d
 go test -run '^$' -bench 'FrontDoor|ProxyTTFB' -benchtime 500x ./tests/
 echo "== token forwarding: time to first byte of a ~39k-token text completion, ids forwarded vs text (tests/)"
 go test -run '^$' -bench 'TokenForwarding' -benchtime 40x ./tests/
+echo "== throughput ceiling: kvroute serve processes over one redis-server, open-loop load at 25/50/90% of the ceiling, vs redis-benchmark GET (tests/)"
+go test -run '^$' -bench 'BenchmarkLoad' -benchtime 1x -timeout 20m ./tests/

@@ -69,8 +69,13 @@ func (f *fleet) loadAs(tb testing.TB, s *store.Store, name string) int {
 
 func benchStore(b *testing.B) (*store.Store, *redis.Client) {
 	b.Helper()
+	return benchStoreOpt(b, store.Options{})
+}
+
+func benchStoreOpt(b *testing.B, opt store.Options) (*store.Store, *redis.Client) {
+	b.Helper()
 	url := redistest.Server(b)
-	s, err := store.Open(context.Background(), url, store.Options{})
+	s, err := store.Open(context.Background(), url, opt)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,35 +119,41 @@ func reportPercentiles(b *testing.B, d []time.Duration) {
 // BenchmarkLookup measures one Lookup (overlaps of every candidate plus their
 // loads, one round trip) against a real redis-server. redis-µs/op is the
 // script's time inside Redis (from INFO commandstats).
+//
+// hints=off is every lookup cold (Options.NoLookupHints); hints=on repeats
+// the request, so its run ends are known from the previous lookup and the
+// search proves them in one HMGET: the figure for a chain coming back.
 func BenchmarkLookup(b *testing.B) {
 	for _, nrep := range []int{4, 64, 256} {
 		for _, nblk := range []int{64, 2048} {
-			b.Run(fmt.Sprintf("replicas=%d/blocks=%d", nrep, nblk), func(b *testing.B) {
-				s, rc := benchStore(b)
-				f := newFleet(nrep, nblk)
-				f.load(b, s)
-				ctx := context.Background()
-				ov, _, err := s.Lookup(ctx, mdl, f.req, f.reps)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if ov[0].GPU != nblk {
-					b.Fatalf("replica 0 matches %d blocks, want %d", ov[0].GPU, nblk)
-				}
-				rc.ConfigResetStat(ctx)
-				lat := make([]time.Duration, 0, b.N)
-				b.ResetTimer()
-				for b.Loop() {
-					t0 := time.Now()
-					if _, _, err := s.Lookup(ctx, mdl, f.req, f.reps); err != nil {
+			for _, hints := range []bool{true, false} {
+				b.Run(fmt.Sprintf("replicas=%d/blocks=%d/hints=%s", nrep, nblk, map[bool]string{true: "on", false: "off"}[hints]), func(b *testing.B) {
+					s, rc := benchStoreOpt(b, store.Options{NoLookupHints: !hints})
+					f := newFleet(nrep, nblk)
+					f.load(b, s)
+					ctx := context.Background()
+					ov, _, err := s.Lookup(ctx, mdl, f.req, f.reps)
+					if err != nil {
 						b.Fatal(err)
 					}
-					lat = append(lat, time.Since(t0))
-				}
-				b.StopTimer()
-				b.ReportMetric(serverUsecPerCall(b, rc, "evalsha"), "redis-µs/op")
-				reportPercentiles(b, lat)
-			})
+					if ov[0].GPU != nblk {
+						b.Fatalf("replica 0 matches %d blocks, want %d", ov[0].GPU, nblk)
+					}
+					rc.ConfigResetStat(ctx)
+					lat := make([]time.Duration, 0, b.N)
+					b.ResetTimer()
+					for b.Loop() {
+						t0 := time.Now()
+						if _, _, err := s.Lookup(ctx, mdl, f.req, f.reps); err != nil {
+							b.Fatal(err)
+						}
+						lat = append(lat, time.Since(t0))
+					}
+					b.StopTimer()
+					b.ReportMetric(serverUsecPerCall(b, rc, "evalsha"), "redis-µs/op")
+					reportPercentiles(b, lat)
+				})
+			}
 		}
 	}
 }

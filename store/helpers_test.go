@@ -32,6 +32,7 @@ type env struct {
 	s   *store.Store
 	rc  *redis.Client
 	clk *clock
+	url string
 }
 
 func forBackends(t *testing.T, fn func(t *testing.T, e *env)) {
@@ -57,7 +58,7 @@ func newEnv(tb testing.TB, url string) *env {
 	}
 	rc := redis.NewClient(o)
 	tb.Cleanup(func() { rc.Close() })
-	return &env{s: s, rc: rc, clk: clk}
+	return &env{s: s, rc: rc, clk: clk, url: url}
 }
 
 type clock struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/kvroute/kvroute"
 	"github.com/redis/go-redis/v9"
@@ -23,6 +24,11 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	// plain HMGET in the same pipeline (one round trip): Redis converts a
 	// long reply into Lua values far slower than it sends it to a client.
 	args := []any{strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
+	if !s.noHints {
+		for _, h := range s.hints.get(model, keys) {
+			args = append(args, strconv.Itoa(int(h)))
+		}
+	}
 	fields := make([]string, 0, 3*n)
 	for _, r := range replicas {
 		fields = append(fields, r, r+"#s", r+"#i")
@@ -62,6 +68,9 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	}
 	segs, _ := v[0].([]any)
 	asegs, _ := v[1].([]any)
+	if !s.noHints {
+		s.hints.put(model, keys, segs)
+	}
 	if len(lv) != 3*n {
 		return nil, nil, fmt.Errorf("store: lookup: short reply (%d load fields for %d replicas)", len(lv), n)
 	}
@@ -124,4 +133,87 @@ func overlapOf(slot int, segs, asegs []any) kvroute.Overlap {
 func asInt(v any) int {
 	i, _ := v.(int64)
 	return int(i)
+}
+
+// Lookup hints. A binary search proves a run of equal holder sets with two
+// probes (its first and last block) but must find where runs end; chains
+// come back (a conversation's next turn, an agent's next step, another
+// request on the same document) and their run ends mostly stay where they
+// were. So each Store remembers, per chain prefix, the run ends its last
+// lookup found, and lookup.lua probes them (and the block after each) in its
+// first HMGET: when they still hold, every run is proved in that one call
+// instead of ~log2(blocks) levels. Hints only add probes, so they can be
+// stale, wrong or another pod's business without changing an answer.
+const (
+	// hintStride: a lookup's hints are filed under the key of every
+	// hintStride-th block of its chain, and a request takes those of its
+	// deepest such block found, so a chain that shares a prefix of at
+	// least hintStride blocks with an earlier one reuses its run ends.
+	hintStride = 16
+	// hintMax bounds the positions sent with one lookup.
+	hintMax = 128
+	// hintEntries bounds each of the cache's two generations.
+	hintEntries = 1 << 14
+)
+
+type hintKey struct {
+	model string
+	key   kvroute.BlockKey
+}
+
+// hintCache maps a chain prefix (its last block's key: keys are chained, so
+// one names the whole prefix) to the run ends last found below it. When
+// the current generation is full it becomes the old one and the older is
+// dropped, so memory stays bounded and recently used entries survive.
+type hintCache struct {
+	mu       sync.Mutex
+	cur, old map[hintKey][]int32
+}
+
+func (h *hintCache) get(model string, keys []kvroute.BlockKey) []int32 {
+	n := len(keys)
+	if n <= hintStride {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p := (n - 1) / hintStride * hintStride; p >= hintStride; p -= hintStride {
+		k := hintKey{model, keys[p]}
+		if v, ok := h.cur[k]; ok {
+			return v
+		}
+		if v, ok := h.old[k]; ok {
+			h.set(k, v)
+			return v
+		}
+	}
+	return nil
+}
+
+// put files the run ends of segs (lookup.lua's GPU segments: run ends and
+// their values) for keys: each end and the block after it, where the next
+// run starts.
+func (h *hintCache) put(model string, keys []kvroute.BlockKey, segs []any) {
+	n := len(keys)
+	if n <= hintStride {
+		return
+	}
+	var pos []int32
+	for j := 0; j+1 < len(segs) && len(pos)+2 <= hintMax; j += 2 {
+		if e := asInt(segs[j]); e < n-1 {
+			pos = append(pos, int32(e), int32(e+1))
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for p := hintStride; p < n; p += hintStride {
+		h.set(hintKey{model, keys[p]}, pos)
+	}
+}
+
+func (h *hintCache) set(k hintKey, v []int32) {
+	if h.cur == nil || len(h.cur) >= hintEntries {
+		h.old, h.cur = h.cur, make(map[hintKey][]int32, hintEntries/4)
+	}
+	h.cur[k] = v
 }

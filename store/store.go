@@ -78,6 +78,9 @@ type Options struct {
 	// ApproxTTL is the lifetime of approximate entries; zero means
 	// DefaultApproxTTL.
 	ApproxTTL time.Duration
+	// NoLookupHints turns off Lookup's memory of earlier lookups' run ends
+	// (see hintCache); answers are the same either way. For benchmarks.
+	NoLookupHints bool
 }
 
 // Store is kvroute's Redis state. It is safe for concurrent use.
@@ -91,11 +94,14 @@ type Store struct {
 	// slots caches each (model, replica)'s slot, "model\x00replica" -> int,
 	// as apply.lua reported it; applyfast.lua verifies it on every use.
 	slots sync.Map
+	// hints remembers where earlier lookups found runs ending (lookup.go).
+	hints   hintCache
+	noHints bool
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
 func New(c redis.UniversalClient, opt Options) *Store {
-	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL}
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -1,7 +1,11 @@
 -- lookup.lua answers which leading blocks of a request's key chain every
 -- replica slot holds.
 -- KEYS = kvr:{m}:blk, kvr:{m}:ax
--- ARGV = now_ms, keys (8 big-endian bytes each, one string).
+-- ARGV = now_ms, keys (8 big-endian bytes each, one string), then hint
+-- positions (decimal, any order): where the caller expects run ends, from
+-- earlier lookups of chains sharing this prefix. Hints only add probes to
+-- the first level; the search below proves every run whatever they say, so
+-- a wrong hint costs one field, never a wrong answer.
 -- The candidates' slots and loads are read by a plain HMGET pipelined with
 -- this script (Redis turns a long reply into Lua values slowly).
 -- Returns {segments, approx segments}: segments is a flat
@@ -49,20 +53,46 @@ local function axVal(v)
   return table.concat(out)
 end
 
-local function search(hkey, conv)
+-- The first level's probes: both ends and the hints inside, sorted.
+local function probes(hinted)
+  local ps = {0}
+  if hinted then
+    local seen = {[0] = true, [n - 1] = true}
+    for i = 3, #ARGV do
+      local h = tonumber(ARGV[i])
+      if h and h > 0 and h < n - 1 and not seen[h] then
+        seen[h] = true
+        ps[#ps + 1] = h
+      end
+    end
+    table.sort(ps)
+  end
+  if n > 1 then ps[#ps + 1] = n - 1 end
+  return ps
+end
+
+local function search(hkey, conv, hinted)
   local segs = {}
   if n == 0 then return segs end
   local val = {}
-  local first = redis.call('HMGET', hkey, kat(0), kat(n - 1))
+  local ps = probes(hinted)
+  local fields = {}
+  for i = 1, #ps do fields[i] = kat(ps[i]) end
+  local first = redis.call('HMGET', hkey, unpack(fields))
   val[0] = conv(first[1])
   if val[0] == '' then return segs end
-  val[n - 1] = conv(first[2])
+  for i = 2, #ps do val[ps[i]] = conv(first[i]) end
+  -- Open ranges between consecutive probes that differ; a change between
+  -- neighbours is a run's end.
   local open = {}
-  if val[0] ~= val[n - 1] then
-    if n > 2 then
-      open = {0, n - 1}
-    else
-      segs = {0, val[0]}
+  for i = 1, #ps - 1 do
+    local lo, hi = ps[i], ps[i + 1]
+    if val[lo] ~= val[hi] then
+      if hi - lo > 1 then
+        open[#open + 1] = lo; open[#open + 1] = hi
+      elseif val[lo] ~= '' then
+        segs[#segs + 1] = lo; segs[#segs + 1] = val[lo]
+      end
     end
   end
   while #open > 0 do
@@ -102,4 +132,4 @@ local function search(hkey, conv)
   return segs
 end
 
-return {search(KEYS[1], evVal), search(KEYS[2], axVal)}
+return {search(KEYS[1], evVal, true), search(KEYS[2], axVal, false)}
