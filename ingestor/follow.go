@@ -500,6 +500,8 @@ func (f *Follower) account(run []pending, res kvroute.ApplyResult) {
 		return
 	}
 	f.m.batches.WithLabelValues("applied").Add(float64(len(run)))
+	f.m.replicaBatches.WithLabelValues(f.rep.ID).Add(float64(len(run)))
+	f.m.replicaApplied.WithLabelValues(f.rep.ID).Set(float64(f.now().UnixNano()) / 1e9)
 	f.m.stored.Add(float64(res.Stored))
 	f.m.removed.Add(float64(res.Removed))
 	f.m.unknownRemovals.Add(float64(res.Unknown))

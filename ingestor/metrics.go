@@ -31,6 +31,10 @@ type Metrics struct {
 	purges          prometheus.Counter
 	owned           prometheus.Gauge
 	swept           prometheus.Counter
+	// Per replica: what an operator alerts on ("no events applied for N s
+	// while traffic flows", the most common silent failure of an index).
+	replicaBatches *prometheus.CounterVec
+	replicaApplied *prometheus.GaugeVec
 }
 
 // NewMetrics returns unregistered collectors (see Register).
@@ -73,7 +77,12 @@ func NewMetrics() *Metrics {
 			Namespace: ns, Subsystem: sub, Name: "owned_replicas",
 			Help: "Replicas this ingestor holds the ownership lease of.",
 		}),
-		swept: c("swept_leases_total", "Expired load leases released by the sweeper."),
+		swept:          c("swept_leases_total", "Expired load leases released by the sweeper."),
+		replicaBatches: cv("replica_batches_applied_total", "Event batches applied to the index, by replica.", "replica"),
+		replicaApplied: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "replica_last_applied_timestamp_seconds",
+			Help: "When a batch of the replica's events was last applied (Unix seconds): alert when it falls behind while the replica serves traffic.",
+		}, []string{"replica"}),
 	}
 }
 
@@ -84,6 +93,7 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 		m.batches, m.stored, m.removed, m.unknownRemovals, m.gaps, m.duplicates, m.replays,
 		m.replayedBatches, m.resets, m.clears, m.decodeErrors, m.orphans, m.skipped, m.lag,
 		m.stalled, m.dropped, m.probes, m.scrapes, m.purges, m.owned, m.swept,
+		m.replicaBatches, m.replicaApplied,
 	} {
 		errs = append(errs, reg.Register(c))
 	}
