@@ -467,25 +467,20 @@ func (r *Router) Invalidate() { r.cached.invalidate() }
 // degraded decides without the store: round-robin over the routable
 // replicas last seen. Cache awareness is lost; availability is not.
 func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Decision, error) {
-	var ok []kvroute.Replica
-	for _, rep := range fleet {
-		if rep.Routable() {
-			ok = append(ok, rep)
-		}
-	}
-	if len(ok) == 0 {
-		return Decision{}, fmt.Errorf("router: store unreachable and no healthy replica known: %w", kvroute.ErrUnavailable)
-	}
 	reason := "state store unreachable"
 	if cause == nil {
 		reason += " (recently failed; retried within " + r.cfg.StoreBackoff.String() + ")"
 	} else {
 		reason += ": " + cause.Error()
+	}
+	d, err := r.degradedWith(d, fleet, reason)
+	if err != nil {
+		return Decision{}, fmt.Errorf("router: store unreachable and no healthy replica known: %w", kvroute.ErrUnavailable)
+	}
+	if cause != nil {
 		// Once per backoff window, not once per decision.
 		r.log.Warn("state store unreachable: deciding round-robin", "backoff", r.cfg.StoreBackoff, "err", cause)
 	}
-	d.Replica = ok[(r.count.Add(1)-1)%uint64(len(ok))]
-	d.Policy, d.Degraded, d.Reason = scoring.PolicyRoundRobin, true, reason
 	return d, nil
 }
 
@@ -493,8 +488,8 @@ func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Dec
 // store rebuilds after losing its data (reset.go).
 const ReasonStoreReset = "state store lost its data: registry re-seeded from this pod's last copy, index rebuilding from the replicas' replay buffers"
 
-// degradedWith decides round-robin over fleet's routable replicas for
-// reason, as degraded does for an unreachable store.
+// degradedWith decides round-robin over fleet's routable replicas, saying
+// reason: what every decision that cannot use the index does.
 func (r *Router) degradedWith(d Decision, fleet []kvroute.Replica, reason string) (Decision, error) {
 	var ok []kvroute.Replica
 	for _, rep := range fleet {
