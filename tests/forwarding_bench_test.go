@@ -1,8 +1,6 @@
 package tests_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -78,26 +76,7 @@ func BenchmarkTokenForwarding(b *testing.B) {
 	ttfb := func(base string, n int) time.Duration {
 		// A different first word each time, so no prompt is cached.
 		req, _ := json.Marshal(map[string]any{"model": "m", "prompt": fmt.Sprintf("Run %d. ", n) + prose, "max_tokens": 1, "stream": true})
-		start := time.Now()
-		resp, err := client.Post(base+"/v1/completions", "application/json", bytes.NewReader(req))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer resp.Body.Close()
-		r := bufio.NewReader(resp.Body)
-		if _, err := r.ReadByte(); err != nil {
-			b.Fatal(err)
-		}
-		took := time.Since(start)
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
-		for {
-			if _, err := r.ReadByte(); err != nil {
-				break
-			}
-		}
-		return took
+		return firstByte(b, client, base+"/v1/completions", req)
 	}
 	ttfb(forwarding, -1)
 	ttfb(text, -2)
