@@ -141,8 +141,8 @@ X-Kvroute-Matched-Blocks > 0), reporting cached_tokens 64 of its 65 prompt
 tokens with block size 16: every cached block but the one holding the last
 token, which vLLM always recomputes. The /v1/route call asks where the same
 chat would go: that replica, with matched_blocks > 0. Right after startup the
-embedded ingestor needs a few seconds to follow the replicas' events; until
-then matched_blocks is 0. A /v1/route decision books load on its replica until
+embedded ingestor takes about half a second to follow the replicas' events;
+until then decisions say "index_incomplete": true. A /v1/route decision books load on its replica until
 released (curl -s -X POST localhost:%[3]s/v1/requests/REQUEST_ID/release) or
 expired; while it lasts that replica looks busier, and a short chat like this
 one may go elsewhere.
