@@ -19,6 +19,9 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/prompt"
@@ -85,11 +88,24 @@ type Config struct {
 	// request. Proxied responses themselves have no overall deadline: a
 	// long generation is not an error. Zero means DefaultTimeout.
 	Timeout time.Duration
-	// Registerer receives the API's metrics; Gatherer serves /metrics.
-	// When both are nil a private registry is used for both, so that two
-	// Servers in one test binary do not collide.
+	// Registerer receives the registry-size collector; Gatherer serves
+	// /metrics. When both are nil a private registry is used for both, so
+	// that two Servers in one test binary do not collide.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+	// MeterProvider receives the decision metrics (metrics.go), through
+	// the OpenTelemetry API; the wiring's (internal/telemetry) exports
+	// them into Registerer, so they are served on /metrics. Nil means the
+	// global provider, a no-op unless the program sets one.
+	MeterProvider metric.MeterProvider
+	// TracerProvider makes the API's spans, and is handed to nothing
+	// else (the router has its own option). Nil means the global
+	// provider.
+	TracerProvider trace.TracerProvider
+	// Propagator reads the caller's trace context (traceparent) and
+	// writes it into proxied requests; nil means W3C trace context and
+	// baggage.
+	Propagator propagation.TextMapPropagator
 	// Prompts tokenizes text and chat prompts; nil means none can be,
 	// and their decisions are cache-blind (token ids still work).
 	Prompts Prompts
@@ -133,6 +149,7 @@ type Server struct {
 	reg     Registry
 	log     *slog.Logger
 	m       *metrics
+	tracer  trace.Tracer
 	handler http.Handler
 	prompts Prompts
 	proxy   http.RoundTripper
@@ -195,7 +212,8 @@ func New(cfg Config) (*Server, error) {
 		}
 		cfg.Registerer = r
 	}
-	m, err := newMetrics(cfg.Registerer)
+	cfg.telemetry()
+	m, err := newMetrics(cfg.MeterProvider)
 	if err != nil {
 		return nil, fmt.Errorf("api: metrics: %w", err)
 	}
@@ -203,6 +221,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("api: metrics: %w", err)
 	}
 	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
+		tracer:   cfg.TracerProvider.Tracer(tracerName),
 		proxyLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	if s.proxy == nil {
 		s.proxy = guardedTransport(cfg.ReplicaPolicy)
@@ -232,7 +251,7 @@ func (s *Server) routes() http.Handler {
 		s.writeError(w, r, fmt.Errorf("no such endpoint %s %s: %w", r.Method, r.URL.Path, kvroute.ErrNotFound))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		s.m.errors.WithLabelValues(CodeMethod).Inc()
+		s.m.apiError(r.Context(), CodeMethod)
 		writeJSON(w, http.StatusMethodNotAllowed, ErrorBody{Error: ErrorDetail{Code: CodeMethod, Message: r.Method + " is not allowed on " + r.URL.Path}})
 	})
 
@@ -278,32 +297,6 @@ func (s *Server) timeout(next http.Handler) http.Handler {
 	})
 }
 
-// accessLog writes one structured line per request. It wraps the writer
-// with chi's WrapResponseWriter, which keeps http.Flusher (and Unwrap for
-// http.ResponseController) so that proxied streams still flush.
-func (s *Server) accessLog(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-		defer func() {
-			// Probes and scrapes arrive every few seconds from every
-			// orchestrator; they would drown the lines that matter.
-			level := slog.LevelInfo
-			switch r.URL.Path {
-			case "/healthz", "/readyz", "/metrics":
-				level = slog.LevelDebug
-			}
-			s.log.LogAttrs(r.Context(), level, "http",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path),
-				slog.Int("status", ww.Status()), slog.Int("bytes", ww.BytesWritten()),
-				slog.Duration("duration", time.Since(start)),
-				slog.String("http_request_id", middleware.GetReqID(r.Context())),
-				slog.String("remote", r.RemoteAddr))
-		}()
-		next.ServeHTTP(ww, r)
-	})
-}
-
 // recoverer turns a handler panic into a logged JSON 500 instead of a
 // dropped connection. http.ErrAbortHandler is re-panicked: the reverse
 // proxy uses it to abort a stream whose upstream failed mid-body, and the
@@ -319,7 +312,7 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				panic(rec)
 			}
 			s.log.ErrorContext(r.Context(), "panic in handler", "path", r.URL.Path, "panic", rec)
-			s.m.errors.WithLabelValues(CodeInternal).Inc()
+			s.m.apiError(r.Context(), CodeInternal)
 			writeJSON(w, http.StatusInternalServerError, ErrorBody{Error: ErrorDetail{Code: CodeInternal, Message: "internal error"}})
 		}()
 		next.ServeHTTP(w, r)
@@ -338,7 +331,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
 	defer cancel()
 	if err := s.cfg.Ready(ctx); err != nil {
-		s.m.errors.WithLabelValues(CodeNotReady).Inc()
+		s.m.apiError(r.Context(), CodeNotReady)
 		writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: ErrorDetail{Code: CodeNotReady, Message: err.Error()}})
 		return
 	}

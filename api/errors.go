@@ -108,7 +108,7 @@ func statusOf(err error) (int, ErrorDetail) {
 // endpoints the body has OpenAI's error shape, which their SDKs parse.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	status, d := statusOf(err)
-	s.m.errors.WithLabelValues(d.Code).Inc()
+	s.m.apiError(r.Context(), d.Code)
 	if status >= 500 && status != http.StatusServiceUnavailable {
 		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
 	}

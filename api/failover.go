@@ -12,6 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/router"
 )
@@ -39,6 +42,9 @@ type upstream struct {
 // RoundTrip sends out to the current replica, failing over as above.
 func (u *upstream) RoundTrip(out *http.Request) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
+		// The proxy span's context (the client's own traceparent when
+		// this pod does not trace) goes to the replica.
+		u.s.inject(out.Context(), out.Header)
 		resp, err := u.s.proxy.RoundTrip(out)
 		if err == nil || attempt >= u.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
 			return resp, err
@@ -73,7 +79,8 @@ func beforeResponse(err error) bool {
 func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
 	s, failed := u.s, u.d.Replica.ID
 	s.rt.MarkSuspect(failed, s.cfg.SuspectTTL)
-	s.m.failovers.WithLabelValues(failed).Inc()
+	s.m.failovers.Add(ctx, 1, label("replica", failed))
+	trace.SpanFromContext(ctx).AddEvent("failover", trace.WithAttributes(attribute.String("kvroute.failed_replica", failed)))
 	if !u.alternative() {
 		return nil, false
 	}
@@ -82,13 +89,15 @@ func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
 	defer cancel()
 	req := u.req
 	req.Tokens = u.d.prompt.Tokens
+	dctx, span := s.startDecision(dctx, req.Model, failed)
 	start := time.Now()
 	d, err := s.rt.Route(dctx, req)
+	next := keyed{Decision: d, prompt: u.d.prompt}
+	endDecision(span, next, err)
 	if err != nil {
-		s.log.Warn("proxy: no replica to fail over to", "failed", failed, "err", err)
+		s.log.WarnContext(ctx, "proxy: no replica to fail over to", "failed", failed, "err", err)
 		return nil, false
 	}
-	next := keyed{Decision: d, prompt: u.d.prompt}
 	t := &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(ctx)}
 	target, err := replicaTarget(d.Replica)
 	if err != nil || u.tried[d.Replica.ID] {
@@ -97,8 +106,8 @@ func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
 		t.release()
 		return nil, false
 	}
-	s.m.observe(d, next.prompt, time.Since(start))
-	s.log.Warn("proxy: replica failed before answering; trying the next", "failed", failed, "next", d.Replica.ID, "err", cause)
+	s.m.observe(ctx, d, next.prompt, time.Since(start), -1)
+	s.log.WarnContext(ctx, "proxy: replica failed before answering; trying the next", "failed", failed, "next", d.Replica.ID, "err", cause)
 	u.tried[d.Replica.ID] = true
 	u.d, u.t = next, t
 	setDecisionHeaders(u.w.Header(), next)

@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
@@ -69,9 +72,27 @@ type keyed struct {
 
 // decideKeyed resolves the prompt, then decides on its tokens. A prompt
 // that cannot be tokenized is still routed (on load alone) and the
-// decision says why it was cache-blind.
-func (s *Server) decideKeyed(ctx context.Context, in prompt.Input, req router.Request) (keyed, error) {
-	res, err := s.prompts.Resolve(ctx, in)
+// decision says why it was cache-blind. The whole is the kvroute.decision
+// span, the resolution its kvroute.tokenize child, the router's steps the
+// others.
+func (s *Server) decideKeyed(ctx context.Context, in prompt.Input, req router.Request) (k keyed, err error) {
+	ctx, span := s.startDecision(ctx, req.Model, "")
+	defer func() { endDecision(span, k, err) }()
+	tctx, tspan := s.tracer.Start(ctx, "kvroute.tokenize")
+	t0 := time.Now()
+	res, err := s.prompts.Resolve(tctx, in)
+	tokenize := time.Since(t0)
+	if tspan.IsRecording() {
+		tspan.SetAttributes(attribute.String("kvroute.tokenization", string(res.Source)), attribute.Int("kvroute.prompt_tokens", res.PromptTokens))
+		if res.Blind != "" {
+			tspan.SetAttributes(attribute.String("kvroute.cache_blind", res.Blind))
+		}
+		if err != nil {
+			tspan.RecordError(err)
+			tspan.SetStatus(codes.Error, err.Error())
+		}
+	}
+	tspan.End()
 	if err != nil {
 		return keyed{}, err
 	}
@@ -91,7 +112,7 @@ func (s *Server) decideKeyed(ctx context.Context, in prompt.Input, req router.Re
 	if err != nil {
 		return keyed{}, err
 	}
-	s.m.observe(d, res, time.Since(start))
+	s.m.observe(ctx, d, res, time.Since(start), tokenize)
 	return keyed{Decision: d, prompt: res}, nil
 }
 

@@ -13,9 +13,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
 	"github.com/kvroute/kvroute/internal/mock"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -47,6 +50,19 @@ func newHarness(tb testing.TB, replicas []kvroute.Replica, opts ...option) *harn
 	cfg := api.Config{Router: rt, Registry: reg, Logger: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	// The decision metrics go through OpenTelemetry, exported into the
+	// registry /metrics serves, as internal/app wires them.
+	if cfg.MeterProvider == nil {
+		if cfg.Registerer == nil {
+			reg := prometheus.NewRegistry()
+			cfg.Registerer, cfg.Gatherer = reg, reg
+		}
+		mp, err := telemetry.NewMeterProvider(cfg.Registerer)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg.MeterProvider = mp
 	}
 	h, err := api.New(cfg)
 	if err != nil {

@@ -11,10 +11,12 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/prompt"
@@ -191,6 +193,12 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.redirect(w, r, d)
 		return
 	}
+	// The round trip is its own span, which the replica gets as its
+	// traceparent (upstream.RoundTrip injects it into every attempt);
+	// the booking's progress reports are its children.
+	pctx, pspan := s.startProxy(r.Context(), d)
+	defer pspan.End()
+	r = r.WithContext(pctx)
 	up := &upstream{s: s, w: w, in: r, req: req, d: d, tried: map[string]bool{d.Replica.ID: true},
 		t: &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}}
 	target, err := replicaTarget(d.Replica)
@@ -228,13 +236,19 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		FlushInterval: -1,
 		ModifyResponse: func(resp *http.Response) error {
 			d, t := up.d, up.t
-			s.m.proxied.WithLabelValues(strconv.Itoa(resp.StatusCode)).Inc()
+			s.m.proxied.Add(pctx, 1, statusLabel(resp.StatusCode))
+			if pspan.IsRecording() {
+				pspan.SetAttributes(attribute.String("kvroute.replica", d.Replica.ID), attribute.Int("http.response.status_code", resp.StatusCode))
+				if resp.StatusCode >= 500 {
+					pspan.SetStatus(codes.Error, resp.Status)
+				}
+			}
 			ok := resp.StatusCode < 300
 			var src io.ReadCloser = resp.Body
 			if ok {
 				believed := believedCached(d)
 				sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-				src = newUsageTap(resp.Body, sse, fw.stripUsage, func(u usage) { s.m.served(d.Replica.ID, believed, u) })
+				src = newUsageTap(resp.Body, sse, fw.stripUsage, func(u usage) { s.m.served(pctx, d.Replica.ID, believed, u) })
 				if fw.stripUsage {
 					resp.Header.Del("Content-Length")
 				}
@@ -244,7 +258,9 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			up.t.release()
-			s.m.proxied.WithLabelValues("error").Inc()
+			s.m.proxied.Add(pctx, 1, label("status", "error"))
+			pspan.RecordError(err)
+			pspan.SetStatus(codes.Error, err.Error())
 			if r.Context().Err() != nil {
 				// The client hung up; nobody reads an answer.
 				w.WriteHeader(statusClientClosed)
@@ -293,7 +309,7 @@ func (s *Server) redirect(w http.ResponseWriter, r *http.Request, d keyed) {
 	target, err := replicaTarget(d.Replica)
 	if err != nil {
 		if _, rerr := s.rt.Release(context.WithoutCancel(r.Context()), d.RequestID); rerr != nil {
-			s.log.Warn("release", "request_id", d.RequestID, "err", rerr)
+			s.log.WarnContext(r.Context(), "release", "request_id", d.RequestID, "err", rerr)
 		}
 		s.writeError(w, r, err)
 		return
@@ -306,7 +322,7 @@ func (s *Server) redirect(w http.ResponseWriter, r *http.Request, d keyed) {
 	loc.RawQuery = out.URL.RawQuery
 	setDecisionHeaders(w.Header(), d)
 	w.Header().Set("Location", loc.String())
-	s.m.proxied.WithLabelValues("307").Inc()
+	s.m.proxied.Add(r.Context(), 1, statusLabel(http.StatusTemporaryRedirect))
 	writeJSON(w, http.StatusTemporaryRedirect, routeResponse(d))
 }
 
@@ -379,7 +395,7 @@ func (t *tracker) firstToken() {
 	ctx, cancel := context.WithTimeout(t.ctx, progressTimeout)
 	defer cancel()
 	if _, err := t.s.rt.FirstToken(ctx, t.id); err != nil {
-		t.s.log.Warn("report first token", "request_id", t.id, "err", err)
+		t.s.log.WarnContext(t.ctx, "report first token", "request_id", t.id, "err", err)
 	}
 }
 
@@ -390,7 +406,7 @@ func (t *tracker) release() {
 		if _, err := t.s.rt.Release(ctx, t.id); err != nil {
 			// The lease expires on its own; the load is over-counted
 			// until then, not leaked.
-			t.s.log.Warn("release", "request_id", t.id, "err", err)
+			t.s.log.WarnContext(t.ctx, "release", "request_id", t.id, "err", err)
 		}
 	})
 }

@@ -132,7 +132,12 @@ func TestProxyStreaming(t *testing.T) {
 		if got, _ := next(t); got != "data: 1" {
 			t.Fatalf("first line %q, want data: 1", got)
 		}
+		// The first-token report runs off the stream's path (a
+		// goroutine): wait for it, boundedly.
 		calls := h.store.Calls()
+		for deadline := time.Now().Add(2 * time.Second); !slices.Contains(calls, "advance "+id) && time.Now().Before(deadline); calls = h.store.Calls() {
+			time.Sleep(time.Millisecond)
+		}
 		if !slices.Contains(calls, "advance "+id) || slices.Contains(calls, "release "+id) {
 			t.Errorf("calls mid-stream = %v, want advance and no release", calls)
 		}

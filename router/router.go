@@ -16,6 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -122,6 +125,8 @@ type Decision struct {
 	Reason       string
 	Candidates   []scoring.Score
 	Expires      time.Time
+	// Stages is how long each step of the decision took.
+	Stages Stages
 	// IndexIncomplete is true when the chosen replica publishes events but
 	// no ingestor has caught up on them yet (a replica just registered, or
 	// one whose ingestor died): what the index says it holds may be short.
@@ -151,6 +156,7 @@ type Router struct {
 	onReset func(ctx context.Context, known []kvroute.Replica)
 	// suspects are replicas recently seen failing (suspect.go).
 	suspects suspectSet
+	tracer   trace.Tracer
 }
 
 // Options are the router's injected dependencies; each nil field gets the
@@ -173,6 +179,9 @@ type Options struct {
 	// model, so that Advance and Release find its lease in its model's
 	// Redis slot), else random 128-bit hex.
 	NewID func(model string) string
+	// TracerProvider makes the decision steps' spans (trace.go); nil
+	// means the global provider, a no-op unless the program sets one.
+	TracerProvider trace.TracerProvider
 }
 
 // New builds a Router.
@@ -209,7 +218,8 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 			opt.NewID = m.NewRequestID
 		}
 	}
-	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset}, nil
+	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset,
+		tracer: newTracer(opt.TracerProvider)}, nil
 }
 
 // BlockSize is the block size requests for model are keyed with, given the
@@ -256,10 +266,8 @@ const (
 	bookingBudget      = 100 * time.Millisecond
 )
 
-// Route answers one request. With the store unreachable it still decides
-// (round-robin over the last replicas it knew to be healthy) and says so in
-// Decision.Degraded rather than failing while any replica is known.
-func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
+// route is Route, timing its steps in tm.
+func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, error) {
 	if req.Model == "" {
 		return Decision{}, &kvroute.FieldError{Field: "model", Msg: "is required"}
 	}
@@ -270,7 +278,9 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		}
 		cfg.Policy = req.Policy
 	}
-	replicas, stale, err := r.replicas(ctx)
+	sctx, st := r.stage(ctx, "kvroute.registry", &tm.Registry)
+	replicas, stale, err := r.replicas(sctx)
+	st.end(err, attribute.Bool("kvroute.stale", stale))
 	if err != nil {
 		return Decision{}, err
 	}
@@ -294,7 +304,9 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	}
 	fleet = r.suspects.demote(r.now(), fleet)
 	bs := r.BlockSize(req.Model, fleet)
+	_, st = r.stage(ctx, "kvroute.keying", &tm.Keying)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
+	st.end(nil, attribute.Int("kvroute.prompt_blocks", len(keys)), attribute.Int("kvroute.block_size", bs))
 	d := Decision{RequestID: r.newID(req.Model), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
 
 	ids := make([]string, len(fleet))
@@ -304,9 +316,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	var overlaps []kvroute.Overlap
 	var loads []kvroute.Load
 	if !stale {
-		sctx, cancel := r.storeCtx(ctx)
+		lctx, st := r.stage(ctx, "kvroute.lookup", &tm.Lookup)
+		sctx, cancel := r.storeCtx(lctx)
 		overlaps, loads, err = r.idx.Lookup(sctx, req.Model, keys, ids)
 		cancel()
+		st.end(err, attribute.Int("kvroute.candidates", len(ids)))
 	}
 	if stale || err != nil {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
@@ -332,9 +346,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	var out Outcome
 	started := r.now()
 	for attempt := 0; ; attempt++ {
+		_, st := r.stage(ctx, "kvroute.scoring", &tm.Scoring)
 		r.mu.Lock()
 		out, err = Decide(r.cfg, in, r.rng)
 		r.mu.Unlock()
+		st.end(err)
 		if errors.Is(err, scoring.ErrNoCandidate) {
 			return Decision{}, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
 		}
@@ -349,9 +365,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
 			ifVersion = -1
 		}
-		sctx, cancel := r.storeCtx(ctx)
+		rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
+		sctx, cancel := r.storeCtx(rctx)
 		booked, cur, err := r.idx.Reserve(sctx, out.Lease, ifVersion)
 		cancel()
+		st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
 		if err != nil {
 			if errors.Is(err, kvroute.ErrUnavailable) {
 				r.markDown()
@@ -367,9 +385,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 		// them all, so that the burst places as the same decisions made
 		// one after another would.
 		loads[p] = cur
-		sctx, cancel = r.storeCtx(ctx)
+		lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
+		sctx, cancel = r.storeCtx(lctx)
 		fresh, err := r.idx.Loads(sctx, req.Model, ids)
 		cancel()
+		st.end(err)
 		if err == nil && len(fresh) == len(loads) {
 			loads = fresh
 		}
@@ -390,9 +410,11 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	// Replicas that publish no events are known only from what we send
 	// them: remember it, apart from event-fed entries and with a TTL.
 	if out.RecordApprox {
-		sctx, cancel := r.storeCtx(ctx)
+		actx, st := r.stage(ctx, "kvroute.record_approx", nil)
+		sctx, cancel := r.storeCtx(actx)
 		err := r.idx.RecordApprox(sctx, req.Model, fleet[p].ID, keys)
 		cancel()
+		st.end(err)
 		if err != nil {
 			r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
 		}

@@ -99,7 +99,7 @@ func NewClient(c Config) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewUniversalClient(uo), nil
+	return instrument(redis.NewUniversalClient(uo)), nil
 }
 
 // OpenConfig connects to the Redis c describes and checks that it answers,

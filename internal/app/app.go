@@ -23,10 +23,10 @@ import (
 
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
@@ -111,6 +111,8 @@ type App struct {
 	drainErr error
 	// failed holds the first task failure; /readyz reports it.
 	failed atomic.Pointer[error]
+	// tel is the OpenTelemetry SDK (telemetry.go).
+	tel *telemetry.Telemetry
 }
 
 // New builds every component and loads the replicas file, but does not
@@ -133,6 +135,14 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		}
 	}()
 
+	if err := a.setupTelemetry(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = a.shutdownTelemetry()
+		}
+	}()
 	sopt := store.Options{Logger: a.log}
 	rc := cfg.Redis
 	if !rc.Configured() && cfg.RedisURL != "" {
@@ -148,7 +158,11 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	} else if a.Store, err = store.OpenConfig(ctx, rc, sopt); err != nil {
 		return nil, err
 	}
-	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log, OnStoreReset: a.reseed}); err != nil {
+	if err = a.countStoreErrors(); err != nil {
+		return nil, err
+	}
+	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log, OnStoreReset: a.reseed,
+		TracerProvider: a.tel.TracerProvider}); err != nil {
 		return nil, err
 	}
 	if cfg.ReplicasFile != "" {
@@ -170,8 +184,6 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		a.log.Info("registered replicas from file", "file", cfg.ReplicasFile, "count", len(reps))
 	}
 
-	a.Registry = prometheus.NewRegistry()
-	a.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvroute_store_up",
 		Help: "1 while the state store answers, 0 while decisions skip it (degraded); reported apart from readiness.",
@@ -203,6 +215,9 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		ProxyRetries:      cfg.ProxyRetries,
 		Registerer:        a.Registry,
 		Gatherer:          a.Registry,
+		MeterProvider:     a.tel.MeterProvider,
+		TracerProvider:    a.tel.TracerProvider,
+		Propagator:        a.tel.Propagator,
 	})
 	if err != nil {
 		return nil, err
@@ -350,7 +365,8 @@ func (a *App) Stop() error {
 	if a.Store != nil {
 		_ = a.Store.Close()
 	}
-	return errors.Join(err, a.drainErr)
+	// After the drain: the last requests' spans are flushed too.
+	return errors.Join(err, a.drainErr, a.shutdownTelemetry())
 }
 
 // Run serves until ctx is done or a component fails, then stops. It

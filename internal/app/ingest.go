@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/store"
 )
 
@@ -56,6 +57,7 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = slog.New(telemetry.LogHandler(log.Handler()))
 	st, err := store.OpenConfig(ctx, rc, store.Options{Logger: log})
 	if err != nil {
 		return err
@@ -64,6 +66,9 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := ingestTelemetry(st, reg); err != nil {
+		return err
+	}
 	ic := c.Ingestor
 	ic.Store, ic.Registerer = st, reg
 	if ic.Logger == nil {
