@@ -1,0 +1,230 @@
+package tests_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	pmodel "github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/testfiles"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenizer/qwen3"
+	"github.com/kvroute/kvroute/vllmtest"
+)
+
+var updateMetrics = flag.Bool("update-metrics", false, "rewrite testdata/metrics.golden from this run's /metrics")
+
+// addedSeries are the families that the OpenTelemetry work added to what
+// operators scraped before it (true: served after any traffic; false:
+// only once Redis fails a command); everything in metrics.golden must stay
+// as it was (name, type, help and label names).
+var addedSeries = map[string]bool{
+	"kvroute_decision_stage_duration_seconds": true,
+	"kvroute_redis_errors_total":              false,
+}
+
+// TestMetricNames scrapes a serving pod's /metrics after traffic that
+// touches every series (decisions, a cache-blind one, proxied responses,
+// a failover, an error) and holds it to testdata/metrics.golden: the
+// names, types, help texts and label names operators scrape. It also
+// checks every kvroute_ name README.md mentions is served. Run with
+// -update-metrics to rewrite the golden on purpose.
+func TestMetricNames(t *testing.T) {
+	scrape := metricsAfterTraffic(t)
+	got := describeFamilies(t, scrape)
+	path := filepath.Join("testdata", "metrics.golden")
+	if *updateMetrics {
+		var b strings.Builder
+		for _, name := range sortedKeys(got) {
+			if _, added := addedSeries[name]; !added {
+				b.WriteString(got[name] + "\n")
+			}
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(raw)), "\n") {
+		want[strings.Fields(line)[0]] = line
+	}
+	t.Run("unchanged", func(t *testing.T) {
+		for name, w := range want {
+			if g, ok := got[name]; !ok {
+				t.Errorf("%s is no longer served; want\n\t%s", name, w)
+			} else if g != w {
+				t.Errorf("%s changed:\n\tgot  %s\n\twant %s", name, g, w)
+			}
+		}
+	})
+	t.Run("nothing unexpected", func(t *testing.T) {
+		for name, g := range got {
+			if _, added := addedSeries[name]; !added && want[name] == "" {
+				t.Errorf("new series %s (no otel_scope_info, target_info or renamed series wanted):\n\t%s", name, g)
+			}
+			if strings.Contains(g, "otel_scope") {
+				t.Errorf("%s carries OpenTelemetry scope labels: %s", name, g)
+			}
+		}
+	})
+	t.Run("added", func(t *testing.T) {
+		for name, always := range addedSeries {
+			if _, ok := got[name]; always && !ok {
+				t.Errorf("%s is not served", name)
+			}
+		}
+		if g, want := got["kvroute_decision_stage_duration_seconds"], "histogram [stage]"; !strings.Contains(g, want) {
+			t.Errorf("stage histogram: got %q, want %q in it", g, want)
+		}
+		for _, stage := range []string{"tokenize", "registry", "keying", "lookup", "scoring", "reserve"} {
+			if !strings.Contains(scrape, fmt.Sprintf(`kvroute_decision_stage_duration_seconds_count{stage=%q}`, stage)) {
+				t.Errorf("no %s stage observations", stage)
+			}
+		}
+	})
+	t.Run("README", func(t *testing.T) {
+		readme, err := os.ReadFile(filepath.Join(testfiles.Root(), "README.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range regexp.MustCompile(`kvroute_[a-z_]+`).FindAllString(string(readme), -1) {
+			if _, ok := got[strings.TrimSuffix(name, "_")]; !ok {
+				t.Errorf("README names %s, which /metrics does not serve", name)
+			}
+		}
+	})
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// describeFamilies parses a Prometheus text scrape into one line per
+// family: name, type, label names (sorted, histogram le and summary
+// quantile left out) and help.
+func describeFamilies(t *testing.T, scrape string) map[string]string {
+	t.Helper()
+	parser := expfmt.NewTextParser(pmodel.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(scrape))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	out := map[string]string{}
+	for name, f := range fams {
+		labels := map[string]bool{}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = true
+			}
+		}
+		names := make([]string, 0, len(labels))
+		for l := range labels {
+			names = append(names, l)
+		}
+		slices.Sort(names)
+		out[name] = fmt.Sprintf("%s %s [%s] %q", name, strings.ToLower(f.GetType().String()), strings.Join(names, ","), f.GetHelp())
+	}
+	return out
+}
+
+// metricsAfterTraffic runs a pod (with its ingestor in process, so that
+// its series are on the same /metrics) over a real Redis and a simulated
+// replica, sends traffic touching every series, and returns the scrape.
+// Two api series are left out: kvroute_cache_phantom_total and
+// kvroute_cache_unreported_total need a replica that misreports, and
+// api's own tests cover them.
+func metricsAfterTraffic(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rc := router.DefaultConfig()
+	rc.Seed, rc.RegistryTTL = seed, 50*time.Millisecond
+	a, err := app.New(ctx, app.Config{
+		Listen: "127.0.0.1:0", RedisURL: redistest.Server(t), Router: rc,
+		// Model m is tokenized in process and every tokenization shadowed
+		// by the replica (whose byte tokenizer disagrees: a mismatch).
+		Tokenizers: app.Tokenizers{FS: map[string]fs.FS{model: qwen3.FS}, ShadowRate: 1},
+		Tasks: []app.Task{app.Ingest(ingestor.Config{Owner: "metrics-test", Seed: seed,
+			RegistryInterval: 100 * time.Millisecond, HealthInterval: 200 * time.Millisecond})},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Stop() })
+	h := &harness{t: t, ctx: ctx, app: a, base: "http://" + a.Addr(), reps: map[string]*vllmtest.Replica{}, poll: 20 * time.Millisecond}
+	h.addReplica("live", vllmtest.Config{})
+	// A replica nobody listens on: proxied requests sent there fail over.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	if code, body := h.call("PUT", "/v1/replicas/dead", fmt.Sprintf(`{"model":%q,"url":%q}`, model, dead)); code >= 300 {
+		t.Fatalf("register dead: %d %s", code, body)
+	}
+	h.waitFor("the live replica followed", func() bool {
+		code, body := h.call("GET", "/v1/replicas/live", "")
+		return code == http.StatusOK && strings.Contains(body, `"followed_since"`)
+	})
+	tokens := `[` + strings.Repeat("5,", 4*bs) + `5]`
+	for range 3 {
+		if code, body := h.call("POST", "/v1/route", `{"model":"m","token_ids":`+tokens+`}`); code != http.StatusOK {
+			t.Fatalf("route: %d %s", code, body)
+		}
+	}
+	h.call("POST", "/v1/route", `{"model":"m","prompt":"hello there"}`)
+	// Prompt embeddings cannot be keyed: a cache-blind decision.
+	h.call("POST", "/v1/completions", `{"model":"m","prompt_embeds":"AAAA","max_tokens":1}`)
+	h.call("POST", "/v1/route", `{"model":"nope","token_ids":[1]}`)
+	for i := 0; i < 50 && !strings.Contains(h.scrape(), "kvroute_proxy_failovers_total{"); i++ {
+		code, body := h.call("POST", "/v1/completions", `{"model":"m","prompt":`+tokens+`,"max_tokens":2}`)
+		if code != http.StatusOK {
+			t.Fatalf("completion: %d %s", code, body)
+		}
+	}
+	h.call("POST", "/v1/completions", `{"model":"m","prompt":`+tokens+`,"max_tokens":2,"stream":true}`)
+	// The ingestor's per-replica series appear once it applied the
+	// events the completions made the replica publish.
+	h.waitFor("the ingestor applied the replica's events", func() bool {
+		s := h.scrape()
+		return strings.Contains(s, "kvroute_ingest_replica_batches_applied_total{") && strings.Contains(s, `kvroute_ingest_batches_total{result="applied"}`)
+	})
+	return h.scrape()
+}
+
+func (h *harness) scrape() string {
+	h.t.Helper()
+	code, body := h.call("GET", "/metrics", "")
+	if code != http.StatusOK {
+		h.t.Fatalf("/metrics: %d", code)
+	}
+	return body
+}
