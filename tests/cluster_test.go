@@ -135,11 +135,16 @@ func TestClusterPrimaryRestart(t *testing.T) {
 		m := models[i%2]
 		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
 		if err != nil {
-			t.Fatalf("decision %d (%s) failed: %v; want an answer, degraded at worst", i, m, err)
+			// Not Fatal: the restarting goroutine still uses t.
+			t.Errorf("decision %d (%s) failed: %v; want an answer, degraded at worst", i, m, err)
+			break
 		}
 		if !d.Degraded {
-			if _, err := rt.Release(ctx, d.RequestID); err != nil {
-				t.Fatalf("release: %v", err)
+			// A release that meets the outage is queued for retry, by
+			// design (it must not hold the caller).
+			if _, err := rt.Release(ctx, d.RequestID); err != nil && !errors.Is(err, router.ErrQueued) {
+				t.Errorf("release: %v", err)
+				break
 			}
 		}
 		keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, prompts[m], nil)
