@@ -94,19 +94,7 @@ func BenchmarkFrontDoor(b *testing.B) {
 		if i%4 == 0 {
 			held = keys[:len(keys)/2+i*len(keys)/128]
 		}
-		for start, seq := 0, int64(0); start < len(held); start, seq = start+256, seq+1 {
-			var ops []kvroute.IndexOp
-			for j := start; j < min(start+256, len(held)); j++ {
-				parent := kvroute.NoParent
-				if j > 0 {
-					parent = held[j-1]
-				}
-				ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(held[j]) ^ uint64(i), Key: held[j], Parent: parent})
-			}
-			if _, err := a.Store.Apply(ctx, "m", id, seq, ops); err != nil {
-				b.Fatal(err)
-			}
-		}
+		holdChain(b, ctx, a.Store, "m", id, held, 0, func(j int) uint64 { return uint64(held[j]) ^ uint64(i) })
 	}
 	a.Router.Invalidate()
 

@@ -318,3 +318,27 @@ func (k *killable) ReleaseOwnership(ctx context.Context, name, owner string) err
 }
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// holdChain stores chain (a prompt's block keys from the root) as held by
+// replica, in batches of 256 ops starting at seq, the way an ingestor
+// would apply a replica's events; engine(j) is block j's engine hash. It
+// returns the next unused seq.
+func holdChain(tb testing.TB, ctx context.Context, st *store.Store, model, replica string, chain []kvroute.BlockKey, seq int64, engine func(j int) uint64) int64 {
+	tb.Helper()
+	for start := 0; start < len(chain); start += 256 {
+		end := min(start+256, len(chain))
+		ops := make([]kvroute.IndexOp, 0, end-start)
+		for j := start; j < end; j++ {
+			parent := kvroute.NoParent
+			if j > 0 {
+				parent = chain[j-1]
+			}
+			ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: engine(j), Key: chain[j], Parent: parent})
+		}
+		if _, err := st.Apply(ctx, model, replica, seq, ops); err != nil {
+			tb.Fatal(err)
+		}
+		seq++
+	}
+	return seq
+}

@@ -278,21 +278,7 @@ func loadCorpus(tb testing.TB, ctx context.Context, st *store.Store, nRep, nBloc
 		chains = append(chains, kvroute.BlockKeys(ks, bs, append(append([]uint32(nil), sys...), toks(64*bs)...), nil))
 		seq := int64(0)
 		for _, chain := range chains {
-			for start := 0; start < len(chain); start += 256 {
-				end := min(start+256, len(chain))
-				ops := make([]kvroute.IndexOp, 0, end-start)
-				for j := start; j < end; j++ {
-					parent := kvroute.NoParent
-					if j > 0 {
-						parent = chain[j-1]
-					}
-					ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(chain[j]) ^ uint64(i)<<56 ^ uint64(j), Key: chain[j], Parent: parent})
-				}
-				if _, err := st.Apply(ctx, "bench", id, seq, ops); err != nil {
-					tb.Fatal(err)
-				}
-				seq++
-			}
+			seq = holdChain(tb, ctx, st, "bench", id, chain, seq, func(j int) uint64 { return uint64(chain[j]) ^ uint64(i)<<56 ^ uint64(j) })
 		}
 	}
 	return prompts

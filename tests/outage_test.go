@@ -89,17 +89,7 @@ func registerFleet(t *testing.T, st *store.Store, rt *router.Router, model strin
 		}
 	}
 	keys := kvroute.BlockKeys(rt.KeySpace(model, ""), kvroute.DefaultBlockSize, prompt, kvroute.RequestExtras(""))
-	var ops []kvroute.IndexOp
-	for d := range min(held, len(keys)) {
-		parent := kvroute.NoParent
-		if d > 0 {
-			parent = keys[d-1]
-		}
-		ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(1000 + d), Key: keys[d], Parent: parent})
-	}
-	if _, err := st.Apply(ctx, model, model+"-r0", 1, ops); err != nil {
-		t.Fatal(err)
-	}
+	holdChain(t, ctx, st, model, model+"-r0", keys[:min(held, len(keys))], 1, func(d int) uint64 { return uint64(1000 + d) })
 }
 
 // TestHungRedis reproduces a redis-server stopped by SIGSTOP under
