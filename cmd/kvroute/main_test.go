@@ -133,3 +133,30 @@ func TestServeRuns(t *testing.T) {
 		t.Errorf("embedded mode not announced in the log: %s", stderr.String())
 	}
 }
+
+// TestDemoListensOnLoopback: the try-it mode's admin API is open, so
+// unless an address is given it serves this machine only (and so needs
+// no admin token); an address given by flag or environment wins.
+func TestDemoListensOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"demo, no address", []string{"--demo-replicas", "3"}, nil, "127.0.0.1:8080"},
+		{"demo, address by flag", []string{"--demo-replicas", "3", "--listen", "127.0.0.1:9999"}, nil, "127.0.0.1:9999"},
+		{"demo, address by env", []string{"--demo-replicas", "3"}, map[string]string{"KVROUTE_LISTEN": ":7000"}, ":7000"},
+		{"no demo", nil, nil, ":8080"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, _, err := parseServe(tc.args, func(k string) string { return tc.env[k] }, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Listen != tc.want {
+				t.Errorf("listen = %q, want %q", cfg.Listen, tc.want)
+			}
+		})
+	}
+}

@@ -83,7 +83,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	cfg := app.Config{}
 	var lc logConfig
 	var policy string
-	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen `address` (all interfaces by default: the pod sits behind a load balancer)")
+	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen `address` (all interfaces by default: the pod sits behind a load balancer; 127.0.0.1:8080 with --demo-replicas)")
 	redisFlags(fs, &cfg.Redis, "Redis `URL` (redis:// or rediss://); with neither this nor --redis-addrs, an embedded in-memory Redis runs in this process")
 	fs.StringVar(&policy, "policy", string(sc.Policy), "routing `policy`: "+policyNames())
 	fs.Float64Var(&sc.OverlapCredit, "overlap-credit", sc.OverlapCredit, "prefill blocks one cached block saves (0 disables cache awareness)")
@@ -132,6 +132,13 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	}
 	if err := checkRedisFlags(cfg.Redis); err != nil {
 		return cfg, lc, usageError{err}
+	}
+	listenSet := false
+	fs.Visit(func(f *flag.Flag) { listenSet = listenSet || f.Name == "listen" })
+	if lc.demoReplicas > 0 && !listenSet {
+		// The try-it mode runs an open admin API (no token to set up), so
+		// unless told otherwise it serves this machine only.
+		cfg.Listen = "127.0.0.1:8080"
 	}
 	p, err := scoring.ParsePolicy(policy)
 	if err != nil {
