@@ -263,7 +263,7 @@ func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
 // from holding a decision long: each retry costs two round trips.
 const (
 	maxBookingAttempts = 64
-	bookingBudget      = 100 * time.Millisecond
+	bookingBudget      = 250 * time.Millisecond
 )
 
 // route is Route, timing its steps in tm.
