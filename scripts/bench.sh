@@ -29,3 +29,7 @@ echo "== token forwarding: time to first byte of a ~39k-token text completion, i
 go test -run '^$' -bench 'TokenForwarding' -benchtime 40x ./tests/
 echo "== throughput ceiling: kvroute serve processes over one redis-server, open-loop load at 25/50/90% of the ceiling, vs redis-benchmark GET (tests/)"
 go test -run '^$' -bench 'BenchmarkLoad' -benchtime 1x -timeout 20m ./tests/
+echo "== tracing overhead: decision p50 with OpenTelemetry on (always_on, OTLP to an in-test receiver) against off (tests/)"
+go test -count=3 -run '^$' -bench 'BenchmarkTracingOverhead' -benchtime 6000x ./tests/
+echo "== scale-to-zero cold start: a fresh serve process to its first matching decision (infra/)"
+go test -run '^$' -bench 'BenchmarkColdStart' -benchtime 20x ./infra/
