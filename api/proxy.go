@@ -394,7 +394,9 @@ type tracker struct {
 func (t *tracker) firstToken() {
 	ctx, cancel := context.WithTimeout(t.ctx, progressTimeout)
 	defer cancel()
-	if _, err := t.s.rt.FirstToken(ctx, t.id); err != nil {
+	// A report queued for retry (the store is down) is the router's to
+	// deliver; the outage itself is logged once by the router.
+	if _, err := t.s.rt.FirstToken(ctx, t.id); err != nil && !errors.Is(err, router.ErrQueued) {
 		t.s.log.WarnContext(t.ctx, "report first token", "request_id", t.id, "err", err)
 	}
 }
@@ -403,7 +405,7 @@ func (t *tracker) release() {
 	t.once.Do(func() {
 		ctx, cancel := context.WithTimeout(t.ctx, progressTimeout)
 		defer cancel()
-		if _, err := t.s.rt.Release(ctx, t.id); err != nil {
+		if _, err := t.s.rt.Release(ctx, t.id); err != nil && !errors.Is(err, router.ErrQueued) {
 			// The lease expires on its own; the load is over-counted
 			// until then, not leaked.
 			t.s.log.WarnContext(t.ctx, "release", "request_id", t.id, "err", err)

@@ -98,6 +98,10 @@ type RouteResponse struct {
 type ProgressResponse struct {
 	RequestID string `json:"request_id"`
 	Found     bool   `json:"found"`
+	// Queued is true when the store could not be reached and the report
+	// was queued in process for retry (answered 202): there is nothing for
+	// the client to retry.
+	Queued bool `json:"queued,omitempty"`
 }
 
 // route answers POST /v1/route: a JSON decision. The client owns the
@@ -318,23 +322,27 @@ func setDecisionHeaders(h http.Header, d keyed) {
 // firstToken answers POST /v1/requests/{id}/first-token: the request's
 // booking moves from prefill to decode.
 func (s *Server) firstToken(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
-	found, err := s.rt.FirstToken(r.Context(), id)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, ProgressResponse{RequestID: id, Found: found})
+	s.progress(w, r, s.rt.FirstToken)
 }
 
 // release answers POST /v1/requests/{id}/release: the request's booking
 // ends.
 func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	s.progress(w, r, s.rt.Release)
+}
+
+// progress answers a progress report. One the router queued because the
+// store is unreachable is a 202, not a 503: the router retries it, and a
+// client told to retry would only queue it again.
+func (s *Server) progress(w http.ResponseWriter, r *http.Request, report func(ctx context.Context, id string) (bool, error)) {
 	id := chi.URLParam(r, "id")
-	found, err := s.rt.Release(r.Context(), id)
-	if err != nil {
+	found, err := report(r.Context(), id)
+	switch {
+	case errors.Is(err, router.ErrQueued):
+		writeJSON(w, http.StatusAccepted, ProgressResponse{RequestID: id, Queued: true})
+	case err != nil:
 		s.writeError(w, r, err)
-		return
+	default:
+		writeJSON(w, http.StatusOK, ProgressResponse{RequestID: id, Found: found})
 	}
-	writeJSON(w, http.StatusOK, ProgressResponse{RequestID: id, Found: found})
 }

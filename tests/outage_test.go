@@ -161,9 +161,16 @@ func TestHungRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			var pr struct {
+				Queued bool `json:"queued"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&pr)
 			resp.Body.Close()
 			if took := time.Since(s); took > 600*time.Millisecond {
 				t.Errorf("release took %v during the hang, want it answered at once", took)
+			}
+			if resp.StatusCode != http.StatusAccepted || !pr.Queued {
+				t.Errorf("release during the hang: %d queued=%v, want 202 queued (kvroute retries it)", resp.StatusCode, pr.Queued)
 			}
 		}
 		if q := p.a.Router.Queued(); q == 0 {
