@@ -14,29 +14,10 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/mock"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/tokenizer/template"
 )
-
-// byteEncoder tokenizes one id per byte (b+3), BOS 1 first with special
-// tokens: easy to predict, and a real Encoder for the front door.
-type byteEncoder struct{}
-
-func (byteEncoder) Encode(text string, special bool) ([]uint32, error) {
-	var ids []uint32
-	if special {
-		ids = append(ids, 1)
-	}
-	for i := range len(text) {
-		ids = append(ids, uint32(text[i])+3)
-	}
-	return ids, nil
-}
-
-func encodeBytes(s string, special bool) []uint32 {
-	ids, _ := byteEncoder{}.Encode(s, special)
-	return ids
-}
 
 // chatTemplate is a small real template: role markers, then the content.
 const chatTemplate = `{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('roles must be user or assistant') }}{% endif %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}`
@@ -49,7 +30,7 @@ func withLocalModel(tb testing.TB, reg *prometheus.Registry) option {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := prompt.New(prompt.Config{Models: map[string]*prompt.Model{"m": {Encoder: byteEncoder{}, Template: tmpl}}})
+	r, err := prompt.New(prompt.Config{Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}, Template: tmpl}}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -188,7 +169,7 @@ func TestProxyFrontDoor(t *testing.T) {
 		var fw struct {
 			Prompt []uint32 `json:"prompt"`
 		}
-		if err := json.Unmarshal([]byte(<-bodies), &fw); err != nil || !slices.Equal(fw.Prompt, encodeBytes(text, true)) {
+		if err := json.Unmarshal([]byte(<-bodies), &fw); err != nil || !slices.Equal(fw.Prompt, mock.ByteEncoder{}.IDs(text, true)) {
 			t.Errorf("forwarded prompt %v (%v), want the ids kvroute keyed", fw.Prompt, err)
 		}
 	})
@@ -249,7 +230,7 @@ func TestBelievedVersusServed(t *testing.T) {
 			// The index says r0 holds the prompt's first two blocks (of
 			// 16 tokens; 41 tokens in all).
 			text := strings.Repeat("b", 40)
-			ids := encodeBytes(text, true)
+			ids := mock.ByteEncoder{}.IDs(text, true)
 			h.store.Hold("r0", h.keys(t, ids))
 			status, _, raw := h.post(t, "/v1/completions", `{"model":"m","prompt":"`+text+`"}`)
 			<-bodies

@@ -13,23 +13,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/mock"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/tokenizer/template"
 )
-
-// byteEncoder tokenizes one id per byte, BOS 1 first with special tokens.
-type byteEncoder struct{}
-
-func (byteEncoder) Encode(text string, special bool) ([]uint32, error) {
-	var ids []uint32
-	if special {
-		ids = append(ids, 1)
-	}
-	for i := range len(text) {
-		ids = append(ids, uint32(text[i])+3)
-	}
-	return ids, nil
-}
 
 // renderer is a function-field Renderer.
 type renderer struct {
@@ -80,7 +67,7 @@ func TestResolve(t *testing.T) {
 		}
 		return template.Result{Prompt: "<s>user: hi", TextPrefix: len("<s>user: hi")}, nil
 	}}
-	models := map[string]*prompt.Model{"local": {Encoder: byteEncoder{}, Template: tmpl}, "notmpl": {Encoder: byteEncoder{}}}
+	models := map[string]*prompt.Model{"local": {Encoder: mock.ByteEncoder{}, Template: tmpl}, "notmpl": {Encoder: mock.ByteEncoder{}}}
 	rem := &remote{TokenizeFn: func(_ context.Context, req kvroute.TokenizeRequest) ([]uint32, error) {
 		if req.Model == "down" {
 			return nil, errors.New("connection refused")
@@ -89,7 +76,7 @@ func TestResolve(t *testing.T) {
 	}}
 	withRemote := newResolver(t, prompt.Config{Models: models, Remote: rem})
 	noRemote := newResolver(t, prompt.Config{Models: models})
-	enc := func(s string, special bool) []uint32 { ids, _ := byteEncoder{}.Encode(s, special); return ids }
+	enc := mock.ByteEncoder{}.IDs
 
 	for _, tc := range []struct {
 		name     string
@@ -178,7 +165,7 @@ func TestShadow(t *testing.T) {
 			rem := &remote{TokenizeFn: func(context.Context, kvroute.TokenizeRequest) ([]uint32, error) { return tc.remote, nil }}
 			reg := prometheus.NewRegistry()
 			r := newResolver(t, prompt.Config{
-				Models: map[string]*prompt.Model{"m": {Encoder: byteEncoder{}}},
+				Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}}},
 				Remote: rem, ShadowRate: 1, Rand: func() float64 { return 0 }, Registerer: reg,
 			})
 			got, err := r.Resolve(context.Background(), text("m", "a"))
