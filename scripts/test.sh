@@ -29,11 +29,14 @@ skipped=$(grep -cE '^[[:space:]]*--- SKIP' "$log" || true)
 
 echo "== go test -race (the packages with concurrency)"
 rstatus=0
-# With pipefail the pipeline fails when go test does (grep always matches
-# the package lines).
-go test -race -count=1 -timeout 10m ./router ./api ./ingestor ./internal/app ./tests ./vllmtest ./prompt ./tokenizer 2>&1 \
-  | grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' || rstatus=$?
-if [ "$rstatus" -ne 0 ]; then failed=$((failed + 1)); fi
+rlog=$(mktemp)
+go test -race -count=1 -timeout 10m -v ./router ./api ./ingestor ./internal/app ./tests ./vllmtest ./prompt ./tokenizer >"$rlog" 2>&1 || rstatus=$?
+grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' "$rlog" || true
+if [ "$rstatus" -ne 0 ]; then
+  failed=$((failed + 1))
+  echo "== race-run failures (full log: $rlog)"
+  grep -B2 -A40 -E '^[[:space:]]*--- FAIL|^WARNING: DATA RACE|^panic:' "$rlog" | head -300 || tail -100 "$rlog"
+fi
 fstatus=0
 if [ -d ingestor/kvevents ] && grep -q 'func FuzzDecode' ingestor/kvevents/*_test.go 2>/dev/null; then
   echo "== fuzz FuzzDecode (bounded)"

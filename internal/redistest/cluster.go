@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -114,7 +115,7 @@ func lookPath(tb testing.TB, name string) string {
 func twoFreePorts(used map[int]bool) (int, int, error) {
 	var ports []int
 	for len(ports) < 2 {
-		p, err := freePort()
+		p, err := stablePort()
 		if err != nil {
 			return 0, 0, err
 		}
@@ -123,6 +124,48 @@ func twoFreePorts(used map[int]bool) (int, int, error) {
 		}
 	}
 	return ports[0], ports[1], nil
+}
+
+// stablePort returns a free loopback port below the kernel's ephemeral
+// range. A node that is stopped and started again must find its ports
+// still free (its nodes.conf names them); a port from the ephemeral range
+// can meanwhile become the source port of any outgoing connection on the
+// machine, which under a busy parallel test run happens. Where the range
+// leaves no room below it, it falls back to an ephemeral port.
+func stablePort() (int, error) {
+	const first = 20000
+	lo := ephemeralLow()
+	if lo-first < 1000 {
+		return freePort()
+	}
+	for range 100 {
+		p := first + rand.IntN(lo-first)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return p, nil
+	}
+	return freePort()
+}
+
+// ephemeralLow returns the lowest port of the kernel's ephemeral range
+// (Linux's default, 32768, where the range cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return lo
 }
 
 // start runs n's redis-server (on its port and data directory: a restart
