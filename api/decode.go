@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"reflect"
@@ -21,7 +22,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if err := checkJSON(r); err != nil {
 		return nil, err
 	}
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	// A body of token ids runs to megabytes: read it into one buffer of
+	// its declared size instead of growing one by doubling (each doubling
+	// a copy, and all of it garbage). The declared size is only a hint,
+	// bounded by MaxBodyBytes; a body longer or shorter than it reads
+	// correctly either way. The extra MinRead bytes let ReadFrom see the
+	// end of the body without growing the buffer.
+	if n := r.ContentLength; n > 0 && n <= s.cfg.MaxBodyBytes {
+		buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
+		if _, err := buf.ReadFrom(body); err != nil {
+			return nil, err
+		}
+		return buf.Bytes(), nil
+	}
+	return io.ReadAll(body)
 }
 
 // decodeStrict decodes a JSON object body into v, a pointer to a struct,
@@ -33,9 +48,57 @@ func (s *Server) decodeStrict(w http.ResponseWriter, r *http.Request, v any) err
 	if err != nil {
 		return err
 	}
-	if err := checkBody(body, jsonFields(reflect.TypeOf(v).Elem()), true); err != nil {
+	return decodeBody(body, v)
+}
+
+// tokenBody is a body with a top-level array of token ids, which
+// decodeBody parses in its strict scan instead of through encoding/json.
+type tokenBody interface {
+	tokenIDs() (field string, dst *tokenIDs)
+}
+
+func (b *RouteRequest) tokenIDs() (string, *tokenIDs) { return tokenField, &b.TokenIDs }
+
+// DecodeRouteRequest decodes a POST /v1/route body exactly as the handler
+// does (the same checks, the same errors): for callers that hold the bytes,
+// and for measuring what decoding costs.
+func DecodeRouteRequest(body []byte) (RouteRequest, error) {
+	var req RouteRequest
+	err := decodeBody(body, &req)
+	return req, err
+}
+
+// decodeBody is decodeStrict's work on a body already read.
+func decodeBody(body []byte, v any) error {
+	var field string
+	var dst *tokenIDs
+	if tb, ok := v.(tokenBody); ok {
+		field, dst = tb.tokenIDs()
+	}
+	parsed, err := checkBodyTokens(body, jsonFields(reflect.TypeOf(v).Elem()), true, field)
+	if err != nil {
 		return err
 	}
+	if parsed == nil {
+		return decodeJSON(body, v)
+	}
+	// The scan has parsed and checked the ids: the decoder sees null in
+	// their place, the rest of the body (a few hundred bytes) instead of
+	// all of it.
+	rest := make([]byte, 0, len(body)-(parsed.end-parsed.start)+4)
+	rest = append(append(append(rest, body[:parsed.start]...), "null"...), body[parsed.end:]...)
+	if err := decodeJSON(rest, v); err != nil {
+		// Reported against the body as sent (an offset in rest would
+		// point elsewhere).
+		return decodeJSON(body, v)
+	}
+	*dst = parsed.ids
+	return nil
+}
+
+// decodeJSON decodes body, one JSON object and nothing after it, into v,
+// rejecting unknown fields.
+func decodeJSON(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -134,30 +197,46 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 		return &kvroute.FieldError{Field: tokenField, Msg: "must be an array of token ids"}
 	}
 	b = trimSpace(b[1 : len(b)-1])
-	out := make([]uint32, 0, len(b)/4+1)
+	// Exactly one id per comma and one more (bytes.Count is vectorized):
+	// a guess from the length over-allocates most prompts by half.
+	out := make([]uint32, 0, bytes.Count(b, []byte{','})+1)
 	for i := 0; len(b) > 0; i++ {
+		// Digits straight into the value (the decoder has checked the
+		// syntax, so no leading zeros); at most 10 of them fit 32 bits.
+		var v uint64
 		j := 0
-		for j < len(b) && b[j] != ',' && b[j] != ' ' && b[j] != '\t' && b[j] != '\n' && b[j] != '\r' {
+		for j < len(b) && j <= 10 && b[j]-'0' <= 9 {
+			v = v*10 + uint64(b[j]-'0')
 			j++
 		}
-		num := b[:j]
-		v, err := strconv.ParseUint(string(num), 10, 32)
-		if err != nil {
-			return &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("element %d must be an integer in [0, 4294967295], got %s", i, truncate(num))}
+		if j == 0 || v > math.MaxUint32 || (j < len(b) && !isSep(b[j])) {
+			for j < len(b) && !isSep(b[j]) {
+				j++
+			}
+			return &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("element %d must be an integer in [0, 4294967295], got %s", i, truncate(b[:j]))}
 		}
 		out = append(out, uint32(v))
-		b = trimSpace(b[j:])
+		b = b[j:]
+		if len(b) > 0 && b[0] != ',' {
+			b = trimSpace(b)
+		}
 		if len(b) > 0 {
 			if b[0] != ',' {
 				// A string or nested value with spaces inside it.
 				return &kvroute.FieldError{Field: tokenField, Msg: fmt.Sprintf("element %d must be an integer", i)}
 			}
-			b = trimSpace(b[1:])
+			b = b[1:]
+			if len(b) > 0 && b[0] <= ' ' {
+				b = trimSpace(b)
+			}
 		}
 	}
 	*t = out
 	return nil
 }
+
+// isSep reports whether c ends a token id: a comma or JSON whitespace.
+func isSep(c byte) bool { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
 func trimSpace(b []byte) []byte {
 	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -29,16 +31,83 @@ const maxDepth = 128
 // (the proxy forwards other fields to the replica). Malformed JSON is
 // left for the decoder to report, with its offset.
 func checkBody(b []byte, known map[string]bool, exact bool) error {
-	sc := scanner{b: b, known: known, exact: exact}
+	_, err := checkBodyTokens(b, known, exact, "")
+	return err
+}
+
+// tokenArray is a top-level array of token ids that the scan parsed
+// itself: the ids, and where the array lies in the body.
+type tokenArray struct {
+	ids        []uint32
+	start, end int
+}
+
+// checkBodyTokens is checkBody that also parses the top-level field named
+// tokens, when it is a well-formed array of unsigned 32-bit integers, in
+// the same pass: a prompt's ids are nearly all of a large body, and
+// leaving them to encoding/json costs a validating pass and a parsing pass
+// over them on top of this one. It returns nil for an absent field, or
+// one in any other form (null, a malformed array, an id out of range),
+// which the decoder then sees and reports as before.
+func checkBodyTokens(b []byte, known map[string]bool, exact bool, tokens string) (*tokenArray, error) {
+	sc := scanner{b: b, known: known, exact: exact, tokens: tokens}
 	sc.ws()
 	if sc.i >= len(b) || b[sc.i] != '{' {
-		return nil
+		return nil, nil
 	}
 	err := sc.value(0)
 	if errors.Is(err, errSyntax) {
-		return nil
+		return nil, nil
 	}
-	return err
+	return sc.parsed, err
+}
+
+// parseTokenArray parses a JSON array of unsigned 32-bit integers at
+// b[i] (a '['): JSON's number syntax (no sign, fraction, exponent, or
+// leading zero), JSON whitespace, nothing nested. It returns the ids and
+// the index just past the array, or ok false for anything else.
+func parseTokenArray(b []byte, i int) (ids []uint32, end int, ok bool) {
+	close := bytes.IndexByte(b[i:], ']')
+	if close < 0 {
+		return nil, 0, false
+	}
+	end = i + close + 1
+	a := b[i+1 : end-1]
+	ids = make([]uint32, 0, bytes.Count(a, []byte{','})+1)
+	j := skipWS(a, 0)
+	if j == len(a) {
+		return ids, end, true // []
+	}
+	for {
+		k := j
+		var v uint64
+		for k < len(a) && k-j <= 10 && a[k]-'0' <= 9 {
+			v = v*10 + uint64(a[k]-'0')
+			k++
+		}
+		if k == j || v > math.MaxUint32 || (a[j] == '0' && k-j > 1) {
+			return nil, 0, false
+		}
+		ids = append(ids, uint32(v))
+		k = skipWS(a, k)
+		if k == len(a) {
+			return ids, end, true
+		}
+		if a[k] != ',' {
+			return nil, 0, false
+		}
+		j = skipWS(a, k+1)
+		if j == len(a) {
+			return nil, 0, false // a trailing comma
+		}
+	}
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 var errSyntax = errors.New("syntax")
@@ -51,6 +120,26 @@ type scanner struct {
 	// path is the field being scanned, for error messages: keys and
 	// array indexes from the top.
 	path []string
+	// tokens names the top-level field parsed as token ids (none if
+	// empty); parsed is what was found there.
+	tokens string
+	parsed *tokenArray
+}
+
+// takeTokens parses the value at s.i as the token-id array, if it is one,
+// and moves past it.
+func (s *scanner) takeTokens() bool {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '[' {
+		return false
+	}
+	ids, end, ok := parseTokenArray(s.b, s.i)
+	if !ok {
+		return false
+	}
+	s.parsed = &tokenArray{ids: ids, start: s.i, end: end}
+	s.i = end
+	return true
 }
 
 func (s *scanner) field() string {
@@ -155,8 +244,10 @@ func (s *scanner) object(depth int) error {
 			return errSyntax
 		}
 		s.i++
-		if err := s.value(depth); err != nil {
-			return err
+		if !(depth == 1 && s.tokens != "" && key == s.tokens && s.takeTokens()) {
+			if err := s.value(depth); err != nil {
+				return err
+			}
 		}
 		s.path = s.path[:len(s.path)-1]
 		s.ws()
@@ -205,8 +296,36 @@ func (s *scanner) array(depth int) error {
 			s.i++
 			return nil
 		}
-		// Most elements are numbers (token ids): skip them without
-		// touching the path.
+		// Arrays of token ids run to a million elements: skip a run of
+		// plain numbers in one tight loop (their syntax is the decoder's
+		// to check, as for any number).
+		if c := s.b[s.i]; c >= '0' && c <= '9' || c == '-' {
+			j := s.i
+			for j < len(s.b) {
+				c := s.b[j]
+				if c == ',' {
+					n++ // the index of an element that follows, for the path
+				} else if !(c >= '0' && c <= '9' || c == ' ' || c == '-' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '\n' || c == '\t' || c == '\r') {
+					break
+				}
+				j++
+			}
+			s.i = j
+			if s.i >= len(s.b) {
+				return errSyntax
+			}
+			if s.b[s.i] == ']' {
+				s.i++
+				return nil
+			}
+			// Something else follows (a string or a nested value after
+			// the numbers): go on element by element from here.
+			if c := s.b[s.i]; c != '{' && c != '[' && c != '"' {
+				return errSyntax
+			}
+		}
+		// Other elements: scanned one by one, numbers without touching
+		// the path.
 		if c := s.b[s.i]; c == '{' || c == '[' || c == '"' {
 			s.path = append(s.path, "["+strconv.Itoa(n)+"]")
 			if err := s.value(depth); err != nil {

@@ -51,5 +51,12 @@ if grep -q 'func FuzzHandlers' api/*_test.go 2>/dev/null; then
   if [ "$hstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fi
 
+dstatus=0
+if grep -q 'func FuzzDecodeRouteRequest' api/*_test.go 2>/dev/null; then
+  echo "== fuzz FuzzDecodeRouteRequest (bounded)"
+  go test -run '^$' -fuzz FuzzDecodeRouteRequest -fuzztime "${FUZZTIME_DECODE:-10s}" ./api 2>&1 | tail -3 || dstatus=$?
+  if [ "$dstatus" -ne 0 ]; then failed=$((failed + 1)); fi
+fi
+
 echo "tests: $passed passed, $failed failed, $skipped skipped"
-[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ] && [ "$hstatus" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ] && [ "$hstatus" -eq 0 ] && [ "$dstatus" -eq 0 ]

@@ -441,8 +441,9 @@ func (g *loadGen) open(name string, rate float64, d time.Duration, maxInFlight i
 }
 
 // decodeFloor is the pod's unavoidable work per decision, in this process:
-// JSON-decoding the /v1/route body (api.RouteRequest, whose token_ids are
-// hand-parsed) and keying its tokens. CPU per op from getrusage.
+// decoding the /v1/route body as the handler does (api.DecodeRouteRequest:
+// the strict scan parses the token ids in the same pass) and keying its
+// tokens. CPU per op from getrusage.
 func decodeFloor(tb testing.TB, body []byte, n int) time.Duration {
 	ru := func() time.Duration {
 		var u syscall.Rusage
@@ -452,8 +453,8 @@ func decodeFloor(tb testing.TB, body []byte, n int) time.Duration {
 	runtime.GC()
 	c0 := ru()
 	for range n {
-		var req api.RouteRequest
-		if err := json.Unmarshal(body, &req); err != nil {
+		req, err := api.DecodeRouteRequest(body)
+		if err != nil {
 			tb.Fatal(err)
 		}
 		kvroute.BlockKeys(kvroute.KeySpace{Model: req.Model}, kvroute.DefaultBlockSize, req.TokenIDs, nil)

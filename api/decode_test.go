@@ -1,0 +1,108 @@
+package api_test
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/api"
+)
+
+// decodeCases are /v1/route bodies whose token ids the strict scan parses
+// itself (or declines to, leaving them to encoding/json).
+var decodeCases = map[string]string{
+	"plain":                 `{"model":"m","token_ids":[1,2,3]}`,
+	"spaces and newlines":   "{\"model\":\"m\",\"token_ids\": [ 1 ,\n2\t,\r\n 3 ] }",
+	"empty":                 `{"model":"m","token_ids":[]}`,
+	"empty with space":      `{"model":"m","token_ids":[ ]}`,
+	"zero and max":          `{"model":"m","token_ids":[0,4294967295]}`,
+	"first field":           `{"token_ids":[7],"model":"m","max_tokens":3}`,
+	"null":                  `{"model":"m","token_ids":null}`,
+	"absent":                `{"model":"m","prompt":"hi"}`,
+	"too large":             `{"model":"m","token_ids":[4294967296]}`,
+	"eleven digits":         `{"model":"m","token_ids":[12345678901]}`,
+	"negative":              `{"model":"m","token_ids":[1,-1]}`,
+	"fraction":              `{"model":"m","token_ids":[1.5]}`,
+	"exponent":              `{"model":"m","token_ids":[1e3]}`,
+	"leading zero":          `{"model":"m","token_ids":[01]}`,
+	"trailing comma":        `{"model":"m","token_ids":[1,]}`,
+	"missing comma":         `{"model":"m","token_ids":[1 2]}`,
+	"string element":        `{"model":"m","token_ids":[1,"2"]}`,
+	"nested":                `{"model":"m","token_ids":[1,[2]]}`,
+	"unclosed":              `{"model":"m","token_ids":[1,2`,
+	"twice":                 `{"model":"m","token_ids":[1],"token_ids":[2]}`,
+	"case variant":          `{"model":"m","Token_IDs":[1]}`,
+	"syntax error after":    `{"model":"m","token_ids":[1,2,3],"max_tokens":}`,
+	"unknown field after":   `{"model":"m","token_ids":[1,2,3],"bogus":1}`,
+	"trailing data":         `{"model":"m","token_ids":[1,2,3]} {}`,
+	"bad type after":        `{"model":"m","token_ids":[1],"max_tokens":"x"}`,
+	"nested token_ids name": `{"model":"m","messages":[{"role":"user","content":"x","token_ids":[1]}]}`,
+	"not an array":          `{"model":"m","token_ids":"1,2"}`,
+}
+
+// TestDecodeRouteRequest holds the single-pass decode to the answers and
+// the errors of decoding the whole body with encoding/json.
+func TestDecodeRouteRequest(t *testing.T) {
+	long := make([]string, 5000)
+	for i := range long {
+		long[i] = fmt.Sprint(i * 7919 % 151000)
+	}
+	cases := map[string]string{"long": `{"model":"m","token_ids":[` + strings.Join(long, ", ") + `]}`}
+	for name, body := range decodeCases {
+		cases[name] = body
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			checkDecode(t, []byte(body))
+		})
+	}
+}
+
+func checkDecode(tb testing.TB, body []byte) {
+	tb.Helper()
+	got, gotErr := api.DecodeRouteRequest(body)
+	want, wantErr := api.DecodeRouteRequestUnspliced(body)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+		tb.Fatalf("error = %v, want %v", gotErr, wantErr)
+	}
+	if gotErr == nil && !reflect.DeepEqual(got, want) {
+		tb.Fatalf("decoded %+v, want %+v", got, want)
+	}
+}
+
+// FuzzDecodeRouteRequest looks for a body the two decodes disagree on.
+func FuzzDecodeRouteRequest(f *testing.F) {
+	for _, body := range decodeCases {
+		f.Add([]byte(body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkDecode(t, body)
+	})
+}
+
+// BenchmarkDecodeRouteRequest decodes a 2,048-block (32,768-token) body
+// with the single-pass decode and with encoding/json over all of it.
+//
+//	go test -run '^$' -bench DecodeRouteRequest ./api
+func BenchmarkDecodeRouteRequest(b *testing.B) {
+	ids := make([]string, 2048*16)
+	for i := range ids {
+		ids[i] = fmt.Sprint(i * 7919 % 151000)
+	}
+	body := []byte(`{"model":"bench","token_ids":[` + strings.Join(ids, ",") + `],"max_tokens":64}`)
+	for _, d := range []struct {
+		name string
+		f    func([]byte) (api.RouteRequest, error)
+	}{{"single-pass", api.DecodeRouteRequest}, {"encoding-json", api.DecodeRouteRequestUnspliced}} {
+		b.Run(d.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := d.f(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
