@@ -164,6 +164,9 @@ func (h *harness) synced(id string) {
 	h.t.Helper()
 	r := h.reps[id]
 	h.waitFor(id+" applied up to its last batch", func() bool {
+		if r.Seq() == 0 {
+			return true // it has published nothing (served no request)
+		}
 		seq, ok, err := h.st.AppliedSeq(h.ctx, model, id)
 		return err == nil && ok && seq == r.Seq()-1
 	})
