@@ -253,7 +253,8 @@ func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
 	return kvroute.KeySpace{Model: model, LoRA: lora, Seed: r.cfg.Seed}
 }
 
-// A decision that lost a booking race re-reads every load and re-scores,
+// A decision that lost a booking race scores again with the contested
+// replica's fresh load (and, when the pick moves, with every load re-read),
 // up to maxBookingAttempts times or for bookingBudget, then books
 // regardless. Retrying until the race is won is what makes a burst of
 // simultaneous decisions from many pods place exactly as the same
@@ -343,20 +344,26 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 			Overlap: overlaps[i], Load: scoringLoad(loads[i]),
 		}
 	}
-	var out Outcome
 	started := r.now()
-	for attempt := 0; ; attempt++ {
+	decide := func() (Outcome, error) {
 		_, st := r.stage(ctx, "kvroute.scoring", &tm.Scoring)
 		r.mu.Lock()
-		out, err = Decide(r.cfg, in, r.rng)
+		out, err := Decide(r.cfg, in, r.rng)
 		r.mu.Unlock()
 		st.end(err)
 		if errors.Is(err, scoring.ErrNoCandidate) {
-			return Decision{}, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
+			return out, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
 		}
 		if err != nil {
-			return Decision{}, fmt.Errorf("router: %w", err)
+			return out, fmt.Errorf("router: %w", err)
 		}
+		return out, nil
+	}
+	out, err := decide()
+	if err != nil {
+		return Decision{}, err
+	}
+	for attempt := 0; ; attempt++ {
 		// After a few lost races the booking goes through regardless: a
 		// decision must finish, and the loser's view is at most a few
 		// bookings stale.
@@ -380,21 +387,36 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		if booked {
 			break
 		}
-		// Another pod booked first: a burst is under way, and every
-		// candidate's load may have moved, not only this one's. Re-read
-		// them all, so that the burst places as the same decisions made
-		// one after another would.
+		// Another pod booked first: a burst is under way. The refusal
+		// carries this replica's load as it is now: score again with it.
+		// If the pick stays (the common case: losing the race did not
+		// change which replica is cheapest, and in a burst the others'
+		// loads only grow), book it again at once.
 		loads[p] = cur
+		in.Candidates[p].Load = scoringLoad(cur)
+		if out, err = decide(); err != nil {
+			return Decision{}, err
+		}
+		if out.Pick == p {
+			continue
+		}
+		// The pick moves: every candidate's load may have moved, not only
+		// this one's. Re-read them all and score again, so that the burst
+		// places as the same decisions made one after another would.
 		lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
 		sctx, cancel = r.storeCtx(lctx)
 		fresh, err := r.idx.Loads(sctx, req.Model, ids)
 		cancel()
 		st.end(err)
-		if err == nil && len(fresh) == len(loads) {
-			loads = fresh
+		if err != nil || len(fresh) != len(loads) {
+			continue // book the pick made on what is known
 		}
+		loads = fresh
 		for i := range in.Candidates {
 			in.Candidates[i].Load = scoringLoad(loads[i])
+		}
+		if out, err = decide(); err != nil {
+			return Decision{}, err
 		}
 	}
 	p := out.Pick
