@@ -513,7 +513,7 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 	defer tr.CloseIdleConnections()
 	g := &loadGen{tb: b, pods: pods, bodies: bodies, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, rc: rc}
 
-	floor := decodeFloor(b, bodies[0], 200)
+	floor := decodeFloor(b, bodies[0], 1000)
 	g.closed("warm-up", 8, 400, secs)
 	unloaded := g.closed("unloaded", 1, 400, secs)
 	ceil := g.closed("ceiling", 16*nPods, 1<<30, secs)
