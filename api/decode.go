@@ -51,13 +51,35 @@ func (s *Server) decodeStrict(w http.ResponseWriter, r *http.Request, v any) err
 	return decodeBody(body, v)
 }
 
-// tokenBody is a body with a top-level array of token ids, which
-// decodeBody parses in its strict scan instead of through encoding/json.
-type tokenBody interface {
-	tokenIDs() (field string, dst *tokenIDs)
+// takingBody is a body type whose large top-level fields decodeBody takes
+// in its strict scan instead of handing them to encoding/json (see
+// splice.go): it names them, and receives what was taken.
+type takingBody interface {
+	takeFields() *takeFields
+	setTaken(body []byte, t taken)
 }
 
-func (b *RouteRequest) tokenIDs() (string, *tokenIDs) { return tokenField, &b.TokenIDs }
+var routeTake = &takeFields{tokens: tokenField, raw: []string{"messages", "tools", "documents", "chat_template_kwargs"}}
+
+func (b *RouteRequest) takeFields() *takeFields { return routeTake }
+
+func (b *RouteRequest) setTaken(body []byte, t taken) {
+	for _, sp := range t.spans {
+		raw := json.RawMessage(body[sp.start:sp.end])
+		switch sp.field {
+		case tokenField:
+			b.TokenIDs = t.ids
+		case "messages":
+			b.Messages = raw
+		case "tools":
+			b.Tools = raw
+		case "documents":
+			b.Documents = raw
+		case "chat_template_kwargs":
+			b.ChatTemplateKwargs = raw
+		}
+	}
+}
 
 // DecodeRouteRequest decodes a POST /v1/route body exactly as the handler
 // does (the same checks, the same errors): for callers that hold the bytes,
@@ -70,29 +92,24 @@ func DecodeRouteRequest(body []byte) (RouteRequest, error) {
 
 // decodeBody is decodeStrict's work on a body already read.
 func decodeBody(body []byte, v any) error {
-	var field string
-	var dst *tokenIDs
-	if tb, ok := v.(tokenBody); ok {
-		field, dst = tb.tokenIDs()
+	tb, _ := v.(takingBody)
+	var take *takeFields
+	if tb != nil {
+		take = tb.takeFields()
 	}
-	parsed, err := checkBodyTokens(body, jsonFields(reflect.TypeOf(v).Elem()), true, field)
+	t, err := scanBody(body, jsonFields(reflect.TypeOf(v).Elem()), true, take)
 	if err != nil {
 		return err
 	}
-	if parsed == nil {
+	if len(t.spans) == 0 {
 		return decodeJSON(body, v)
 	}
-	// The scan has parsed and checked the ids: the decoder sees null in
-	// their place, the rest of the body (a few hundred bytes) instead of
-	// all of it.
-	rest := make([]byte, 0, len(body)-(parsed.end-parsed.start)+4)
-	rest = append(append(append(rest, body[:parsed.start]...), "null"...), body[parsed.end:]...)
-	if err := decodeJSON(rest, v); err != nil {
-		// Reported against the body as sent (an offset in rest would
-		// point elsewhere).
+	if err := decodeJSON(t.without(body), v); err != nil {
+		// Reported against the body as sent (an offset into what the
+		// decoder was given would point elsewhere).
 		return decodeJSON(body, v)
 	}
-	*dst = parsed.ids
+	tb.setTaken(body, t)
 	return nil
 }
 

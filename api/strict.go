@@ -1,10 +1,9 @@
 package api
 
 import (
-	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -31,83 +30,8 @@ const maxDepth = 128
 // (the proxy forwards other fields to the replica). Malformed JSON is
 // left for the decoder to report, with its offset.
 func checkBody(b []byte, known map[string]bool, exact bool) error {
-	_, err := checkBodyTokens(b, known, exact, "")
+	_, err := scanBody(b, known, exact, nil)
 	return err
-}
-
-// tokenArray is a top-level array of token ids that the scan parsed
-// itself: the ids, and where the array lies in the body.
-type tokenArray struct {
-	ids        []uint32
-	start, end int
-}
-
-// checkBodyTokens is checkBody that also parses the top-level field named
-// tokens, when it is a well-formed array of unsigned 32-bit integers, in
-// the same pass: a prompt's ids are nearly all of a large body, and
-// leaving them to encoding/json costs a validating pass and a parsing pass
-// over them on top of this one. It returns nil for an absent field, or
-// one in any other form (null, a malformed array, an id out of range),
-// which the decoder then sees and reports as before.
-func checkBodyTokens(b []byte, known map[string]bool, exact bool, tokens string) (*tokenArray, error) {
-	sc := scanner{b: b, known: known, exact: exact, tokens: tokens}
-	sc.ws()
-	if sc.i >= len(b) || b[sc.i] != '{' {
-		return nil, nil
-	}
-	err := sc.value(0)
-	if errors.Is(err, errSyntax) {
-		return nil, nil
-	}
-	return sc.parsed, err
-}
-
-// parseTokenArray parses a JSON array of unsigned 32-bit integers at
-// b[i] (a '['): JSON's number syntax (no sign, fraction, exponent, or
-// leading zero), JSON whitespace, nothing nested. It returns the ids and
-// the index just past the array, or ok false for anything else.
-func parseTokenArray(b []byte, i int) (ids []uint32, end int, ok bool) {
-	close := bytes.IndexByte(b[i:], ']')
-	if close < 0 {
-		return nil, 0, false
-	}
-	end = i + close + 1
-	a := b[i+1 : end-1]
-	ids = make([]uint32, 0, bytes.Count(a, []byte{','})+1)
-	j := skipWS(a, 0)
-	if j == len(a) {
-		return ids, end, true // []
-	}
-	for {
-		k := j
-		var v uint64
-		for k < len(a) && k-j <= 10 && a[k]-'0' <= 9 {
-			v = v*10 + uint64(a[k]-'0')
-			k++
-		}
-		if k == j || v > math.MaxUint32 || (a[j] == '0' && k-j > 1) {
-			return nil, 0, false
-		}
-		ids = append(ids, uint32(v))
-		k = skipWS(a, k)
-		if k == len(a) {
-			return ids, end, true
-		}
-		if a[k] != ',' {
-			return nil, 0, false
-		}
-		j = skipWS(a, k+1)
-		if j == len(a) {
-			return nil, 0, false // a trailing comma
-		}
-	}
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 var errSyntax = errors.New("syntax")
@@ -120,26 +44,16 @@ type scanner struct {
 	// path is the field being scanned, for error messages: keys and
 	// array indexes from the top.
 	path []string
-	// tokens names the top-level field parsed as token ids (none if
-	// empty); parsed is what was found there.
-	tokens string
-	parsed *tokenArray
-}
-
-// takeTokens parses the value at s.i as the token-id array, if it is one,
-// and moves past it.
-func (s *scanner) takeTokens() bool {
-	s.ws()
-	if s.i >= len(s.b) || s.b[s.i] != '[' {
-		return false
-	}
-	ids, end, ok := parseTokenArray(s.b, s.i)
-	if !ok {
-		return false
-	}
-	s.parsed = &tokenArray{ids: ids, start: s.i, end: end}
-	s.i = end
-	return true
+	// take says which top-level fields the scan takes out of the body
+	// (nil: none); taken is what it took.
+	take  *takeFields
+	taken taken
+	// strict is set while a value to be taken is scanned: the scan then
+	// also notes (in malformed) what it lets through for the decoder to
+	// report, a bad number, literal or escape, since the decoder will not
+	// see the value. It changes no path the scan takes, so it changes no
+	// error.
+	strict, malformed bool
 }
 
 func (s *scanner) field() string {
@@ -189,14 +103,23 @@ func (s *scanner) value(depth int) error {
 		return err
 	default:
 		// Numbers and literals: their syntax is the decoder's to check.
+		start := s.i
 		for s.i < len(s.b) {
 			switch s.b[s.i] {
 			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				s.noteLiteral(start)
 				return nil
 			}
 			s.i++
 		}
+		s.noteLiteral(start)
 		return nil
+	}
+}
+
+func (s *scanner) noteLiteral(start int) {
+	if s.strict && !literal(s.b[start:s.i]) {
+		s.malformed = true
 	}
 }
 
@@ -244,10 +167,12 @@ func (s *scanner) object(depth int) error {
 			return errSyntax
 		}
 		s.i++
-		if !(depth == 1 && s.tokens != "" && key == s.tokens && s.takeTokens()) {
-			if err := s.value(depth); err != nil {
+		if depth == 1 && s.take != nil {
+			if err := s.takeField(key, depth); err != nil {
 				return err
 			}
+		} else if err := s.value(depth); err != nil {
+			return err
 		}
 		s.path = s.path[:len(s.path)-1]
 		s.ws()
@@ -310,6 +235,9 @@ func (s *scanner) array(depth int) error {
 				}
 				j++
 			}
+			if s.strict && !numberRun(s.b[s.i:j], j < len(s.b) && s.b[j] == ']') {
+				s.malformed = true
+			}
 			s.i = j
 			if s.i >= len(s.b) {
 				return errSyntax
@@ -358,6 +286,10 @@ func (s *scanner) str(key bool) (string, error) {
 	start := s.i
 	escaped := false
 	for s.i < len(s.b) {
+		s.i = plainRun(s.b, s.i)
+		if s.i >= len(s.b) {
+			break
+		}
 		c := s.b[s.i]
 		switch {
 		case c == '"':
@@ -384,7 +316,10 @@ func (s *scanner) str(key bool) (string, error) {
 			if s.i+1 >= len(s.b) {
 				return "", errSyntax
 			}
-			if s.b[s.i+1] != 'u' {
+			if c := s.b[s.i+1]; c != 'u' {
+				if s.strict && !strings.ContainsRune(`"\/bfnrt`, rune(c)) {
+					s.malformed = true
+				}
 				s.i += 2
 				continue
 			}
@@ -419,6 +354,30 @@ func (s *scanner) str(key bool) (string, error) {
 		}
 	}
 	return "", errSyntax
+}
+
+// plainRun returns the index of the first byte at or after i, in steps
+// of eight, that may not be plain string text: a quote, a backslash, a
+// control character or a byte of a multi-byte UTF-8 sequence. A chat's
+// messages are hundreds of kilobytes of such text; testing eight bytes at
+// once makes the scan several times quicker. The caller examines bytes
+// from the returned index one at a time.
+func plainRun(b []byte, i int) int {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	// zero has its high bit set in every byte of x that is zero; below,
+	// in every byte under 0x20 (exact for bytes under 0x80, checked first).
+	zero := func(x uint64) uint64 { return (x - ones) &^ x & highs }
+	below := func(x uint64) uint64 { return (x - 0x20*ones) &^ x & highs }
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		if x&highs != 0 || below(x) != 0 || zero(x^('"'*ones)) != 0 || zero(x^('\\'*ones)) != 0 {
+			return i
+		}
+	}
+	return i
 }
 
 func (s *scanner) badText(key bool, start int) error {
