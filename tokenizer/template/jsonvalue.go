@@ -3,6 +3,7 @@ package template
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/json/jsontext"
 	"errors"
 	"fmt"
 	"io"
@@ -56,68 +57,72 @@ func (o *object) del(k string) {
 }
 
 // decodeJSON parses one JSON document into the ordered tree. Trailing data
-// after the document is an error, as it is for json.loads.
+// after the document is an error, as it is for json.loads. Like json.loads
+// it takes a repeated key (the last value wins) and, as encoding/json
+// does, turns invalid UTF-8 into U+FFFD. It reads tokens with jsontext
+// directly: a chat's messages are most of a large request, and
+// encoding/json's Decoder.Token costs half again as much per token.
 func decodeJSON(raw []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
+	dec := jsontext.NewDecoder(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
 	v, err := decodeValue(dec)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	if _, err := dec.ReadToken(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("invalid JSON: data after the value")
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder) (any, error) {
-	tok, err := dec.Token()
+func decodeValue(dec *jsontext.Decoder) (any, error) {
+	tok, err := dec.ReadToken()
 	if err != nil {
 		return nil, err
 	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			obj := newObject()
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				key, ok := kt.(string)
-				if !ok {
-					return nil, fmt.Errorf("invalid JSON: object key %v", kt)
-				}
-				val, err := decodeValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				obj.set(key, val)
-			}
-			if _, err := dec.Token(); err != nil {
+	switch tok.Kind() {
+	case '{':
+		obj := newObject()
+		for dec.PeekKind() != '}' {
+			kt, err := dec.ReadToken()
+			if err != nil {
 				return nil, err
 			}
-			return obj, nil
-		case '[':
-			list := []any{}
-			for dec.More() {
-				val, err := decodeValue(dec)
-				if err != nil {
-					return nil, err
-				}
-				list = append(list, val)
-			}
-			if _, err := dec.Token(); err != nil {
+			key := kt.String() // before the next read voids the token
+			val, err := decodeValue(dec)
+			if err != nil {
 				return nil, err
 			}
-			return list, nil
+			obj.set(key, val)
 		}
-		return nil, fmt.Errorf("invalid JSON: unexpected %v", t)
-	default:
-		// nil, bool, json.Number and string are tree nodes as they are.
-		return tok, nil
+		if _, err := dec.ReadToken(); err != nil {
+			return nil, err
+		}
+		return obj, nil
+	case '[':
+		list := []any{}
+		for dec.PeekKind() != ']' {
+			val, err := decodeValue(dec)
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, val)
+		}
+		if _, err := dec.ReadToken(); err != nil {
+			return nil, err
+		}
+		return list, nil
+	case '"':
+		return tok.String(), nil
+	case '0':
+		return json.Number(tok.String()), nil
+	case 't':
+		return true, nil
+	case 'f':
+		return false, nil
+	case 'n':
+		return nil, nil
 	}
+	return nil, fmt.Errorf("unexpected %v", tok)
 }
 
 // deepCopy copies containers so that a render may edit its conversation
