@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -177,9 +178,17 @@ type matcherPattern struct {
 // most positions without touching the trie.
 type matcher struct {
 	first [256]bool
-	nodes []trieNode
-	edges map[uint64]int32 // node<<8|byte -> child node
+	// firsts lists the possible first bytes when they are few (a chat
+	// template's markers mostly start with '<'): candidates are then found
+	// with strings.IndexByte, which is vectorized, instead of a byte loop.
+	firsts []byte
+	nodes  []trieNode
+	edges  map[uint64]int32 // node<<8|byte -> child node
 }
+
+// maxFirsts is the most first bytes searched with IndexByte, one search
+// each; with more, the table loop is quicker.
+const maxFirsts = 4
 
 type trieNode struct {
 	id       uint32
@@ -209,14 +218,47 @@ func newMatcher(pats []matcherPattern) *matcher {
 		}
 		m.nodes[cur] = trieNode{id: p.id, terminal: true}
 	}
+	for b := range 256 {
+		if m.first[b] {
+			m.firsts = append(m.firsts, byte(b))
+		}
+	}
+	if len(m.firsts) > maxFirsts {
+		m.firsts = nil
+	}
 	return m
+}
+
+// candidate returns the first position at or after pos whose byte may
+// start a match, or -1.
+func (m *matcher) candidate(s string, pos int) int {
+	if m.firsts == nil {
+		for i := pos; i < len(s); i++ {
+			if m.first[s[i]] {
+				return i
+			}
+		}
+		return -1
+	}
+	best := -1
+	rest := s[pos:]
+	for _, b := range m.firsts {
+		if j := strings.IndexByte(rest, b); j >= 0 && (best < 0 || j < best) {
+			best = j
+			rest = rest[:j] // a later byte can only win before this one
+		}
+	}
+	if best < 0 {
+		return -1
+	}
+	return pos + best
 }
 
 // next finds the leftmost-longest match starting at or after pos.
 func (m *matcher) next(s string, pos int) (start, end int, id uint32, ok bool) {
 	for i := pos; i < len(s); i++ {
-		if !m.first[s[i]] {
-			continue
+		if i = m.candidate(s, i); i < 0 {
+			break
 		}
 		cur := int32(0)
 		best := -1
