@@ -66,18 +66,45 @@ func (b *RouteRequest) takeFields() *takeFields { return routeTake }
 func (b *RouteRequest) setTaken(body []byte, t taken) {
 	for _, sp := range t.spans {
 		raw := json.RawMessage(body[sp.start:sp.end])
+		if sp.field == tokenField {
+			b.TokenIDs = t.ids
+		} else {
+			b.chatFields.set(sp.field, raw)
+		}
+	}
+}
+
+var proxyTake = &takeFields{tokens: tokenField, raw: []string{"prompt", "prompt_embeds", "messages", "tools", "documents", "chat_template_kwargs"}}
+
+func (o *openAIRequest) takeFields() *takeFields { return proxyTake }
+
+func (o *openAIRequest) setTaken(body []byte, t taken) {
+	for _, sp := range t.spans {
+		raw := json.RawMessage(body[sp.start:sp.end])
 		switch sp.field {
 		case tokenField:
-			b.TokenIDs = t.ids
-		case "messages":
-			b.Messages = raw
-		case "tools":
-			b.Tools = raw
-		case "documents":
-			b.Documents = raw
-		case "chat_template_kwargs":
-			b.ChatTemplateKwargs = raw
+			o.TokenIDs = t.ids
+		case "prompt":
+			o.Prompt = raw
+		case "prompt_embeds":
+			o.PromptEmbeds = raw
+		default:
+			o.chatFields.set(sp.field, raw)
 		}
+	}
+}
+
+// set stores a taken chat field.
+func (c *chatFields) set(field string, raw json.RawMessage) {
+	switch field {
+	case "messages":
+		c.Messages = raw
+	case "tools":
+		c.Tools = raw
+	case "documents":
+		c.Documents = raw
+	case "chat_template_kwargs":
+		c.ChatTemplateKwargs = raw
 	}
 }
 
@@ -92,24 +119,40 @@ func DecodeRouteRequest(body []byte) (RouteRequest, error) {
 
 // decodeBody is decodeStrict's work on a body already read.
 func decodeBody(body []byte, v any) error {
+	return decodeWith(body, v, jsonFields(reflect.TypeOf(v).Elem()), true, decodeJSON)
+}
+
+// decodeWith checks body as checkBody does (known and exact as there) and
+// decodes it into v with decode, taking v's large fields in the scan when
+// v is a takingBody.
+func decodeWith(body []byte, v any, known map[string]bool, exact bool, decode func([]byte, any) error) error {
 	tb, _ := v.(takingBody)
 	var take *takeFields
 	if tb != nil {
 		take = tb.takeFields()
 	}
-	t, err := scanBody(body, jsonFields(reflect.TypeOf(v).Elem()), true, take)
+	t, err := scanBody(body, known, exact, take)
 	if err != nil {
 		return err
 	}
 	if len(t.spans) == 0 {
-		return decodeJSON(body, v)
+		return decode(body, v)
 	}
-	if err := decodeJSON(t.without(body), v); err != nil {
+	if err := decode(t.without(body), v); err != nil {
 		// Reported against the body as sent (an offset into what the
 		// decoder was given would point elsewhere).
-		return decodeJSON(body, v)
+		return decode(body, v)
 	}
 	tb.setTaken(body, t)
+	return nil
+}
+
+// unmarshalJSON is the proxy's lenient decode: unknown fields are the
+// replica's business.
+func unmarshalJSON(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return jsonError(err)
+	}
 	return nil
 }
 

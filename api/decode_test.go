@@ -95,13 +95,54 @@ func checkDecode(tb testing.TB, body []byte) {
 	}
 }
 
-// FuzzDecodeRouteRequest looks for a body the two decodes disagree on.
+// proxyCases are OpenAI bodies for the proxy's decode, beside decodeCases.
+var proxyCases = map[string]string{
+	"prompt text":        `{"model":"m","prompt":"Once upon a time","max_tokens":5,"stream":true}`,
+	"prompt batch":       `{"model":"m","prompt":["a","b"]}`,
+	"prompt ids":         `{"model":"m","prompt":[1,2,3],"temperature":0.5}`,
+	"prompt id batch":    `{"model":"m","prompt":[[1,2],[3]]}`,
+	"prompt bad literal": `{"model":"m","prompt":[1,2,tru]}`,
+	"prompt embeds":      `{"model":"m","prompt_embeds":"AAAA"}`,
+	"chat":               `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true},"n":1}`,
+	"chat unknown field": `{"model":"m","messages":[],"logit_bias":{"1":-100}}`,
+	"chat case variant":  `{"model":"m","Messages":[]}`,
+	"ids and prompt":     `{"model":"m","token_ids":[5,6],"prompt":"x"}`,
+}
+
+// TestProxyDecode holds the proxy's decode, which takes the large fields
+// in its scan, to decoding the whole body with encoding/json.
+func TestProxyDecode(t *testing.T) {
+	for name, body := range proxyCases {
+		t.Run(name, func(t *testing.T) {
+			if diff := api.ProxyDecodeParity([]byte(body)); diff != "" {
+				t.Fatal(diff)
+			}
+		})
+	}
+	for name, body := range decodeCases {
+		t.Run("route body "+name, func(t *testing.T) {
+			if diff := api.ProxyDecodeParity([]byte(body)); diff != "" {
+				t.Fatal(diff)
+			}
+		})
+	}
+}
+
+// FuzzDecodeRouteRequest looks for a body on which either decode (the
+// /v1/route handler's, the proxy's) disagrees with decoding the whole body
+// with encoding/json.
 func FuzzDecodeRouteRequest(f *testing.F) {
 	for _, body := range decodeCases {
 		f.Add([]byte(body))
 	}
+	for _, body := range proxyCases {
+		f.Add([]byte(body))
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkDecode(t, body)
+		if diff := api.ProxyDecodeParity(body); diff != "" {
+			t.Fatalf("proxy: %s", diff)
+		}
 	})
 }
 

@@ -133,13 +133,9 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if err := checkBody(body, openAIFields, false); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
 	var oa openAIRequest
-	if err := json.Unmarshal(body, &oa); err != nil {
-		s.writeError(w, r, jsonError(err))
+	if err := decodeWith(body, &oa, openAIFields, false, unmarshalJSON); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	if oa.Model == "" {
