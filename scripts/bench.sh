@@ -27,8 +27,12 @@ echo "== front door: a ~32k-token messages decision against the same token_ids d
 go test -run '^$' -bench 'FrontDoor|ProxyTTFB' -benchtime 500x ./tests/
 echo "== token forwarding: time to first byte of a ~39k-token text completion, ids forwarded vs text (tests/)"
 go test -run '^$' -bench 'TokenForwarding' -benchtime 40x ./tests/
+echo "== /v1/route body decoding: the single-pass token ids against encoding/json over the whole body (api/)"
+go test -run '^$' -bench 'DecodeRouteRequest' -benchtime 2s ./api/
 echo "== throughput ceiling: kvroute serve processes over one redis-server, open-loop load at 25/50/90% of the ceiling, vs redis-benchmark GET (tests/)"
 go test -run '^$' -bench 'BenchmarkLoad' -benchtime 1x -timeout 20m ./tests/
+echo "== one shard's decision ceiling, measured with Redis the bottleneck, vs redis-benchmark GET (tests/)"
+go test -run '^$' -bench 'BenchmarkShardCeiling' -benchtime 1x -timeout 10m ./tests/
 echo "== tracing overhead: decision p50 with OpenTelemetry on (always_on, OTLP to an in-test receiver) against off (tests/)"
 go test -count=3 -run '^$' -bench 'BenchmarkTracingOverhead' -benchtime 6000x ./tests/
 echo "== scale-to-zero cold start: a fresh serve process to its first matching decision (infra/)"
