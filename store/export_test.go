@@ -12,3 +12,9 @@ func (s *Store) SetLookupHints(model string, keys []kvroute.BlockKey, pos []int3
 		s.hints.set(hintKey{model, keys[p]}, pos)
 	}
 }
+
+// PlainLookups returns how many hinted lookups tried plain reads, and how
+// many of those proved the whole chain.
+func (s *Store) PlainLookups() (tries, hits int64) {
+	return s.fast.allTries.Load(), s.fast.allHits.Load()
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/store"
@@ -46,6 +47,15 @@ func TestLookupHints(t *testing.T) {
 				c := convs[rng.IntN(len(convs))]
 				apply(r, []kvroute.IndexOp{remove1(c[rng.IntN(len(c))], kvroute.TierGPU)})
 			}
+			if i%50 == 25 { // approximate entries: the plain read must leave them to the script
+				r := reps[rng.IntN(len(reps))]
+				c := convs[rng.IntN(len(convs))]
+				n := 1 + rng.IntN(len(c))
+				if err := e.s.RecordApprox(ctx, mdl, r, c[:n]); err != nil {
+					t.Fatal(err)
+				}
+				m.recordApprox(r, c[:n], e.clk.Now().Add(store.DefaultApproxTTL))
+			}
 			c := convs[rng.IntN(len(convs))]
 			q := c[:1+rng.IntN(len(c))]
 			if rng.IntN(3) == 0 {
@@ -68,6 +78,40 @@ func TestLookupHints(t *testing.T) {
 					t.Fatalf("lookup %d, %s on %d blocks: hinted %+v, cold %+v, scan %+v", i, r, len(q), got[j], want[j], m.overlap(r, q, e.clk.Now()))
 				}
 			}
+		}
+		// A chain looked up again, by a store that has not seen the wrong
+		// hints above, once the approximate entries have expired: its own
+		// hints prove it, and the plain read answers, exactly.
+		e.clk.Add(store.DefaultApproxTTL + time.Minute)
+		again, err := store.Open(ctx, e.url, store.Options{Now: e.clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer again.Close()
+		for i := range 60 {
+			c := convs[rng.IntN(len(convs))]
+			if len(c) <= 16 {
+				continue // too short to file hints under
+			}
+			q := c[:17+rng.IntN(len(c)-16)]
+			for range 2 {
+				got, _, err := again.Lookup(ctx, mdl, q, reps)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j, r := range reps {
+					if want := m.overlap(r, q, e.clk.Now()); got[j] != want {
+						t.Fatalf("again %d, %s on %d blocks: %+v, scan %+v", i, r, len(q), got[j], want)
+					}
+				}
+			}
+		}
+		tries, hits := e.s.PlainLookups()
+		t.Logf("plain reads with wrong hints: %d tried, %d proved the chain", tries, hits)
+		tries, hits = again.PlainLookups()
+		t.Logf("plain reads of chains looked up again: %d tried, %d proved the chain", tries, hits)
+		if hits < 30 {
+			t.Errorf("%d of 60 repeated lookups were answered by a plain read (%d tried), want most: the path this test guards did not run", hits, tries)
 		}
 	})
 }

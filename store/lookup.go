@@ -23,15 +23,27 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	// The search runs as a script; the candidates' loads and slots are one
 	// plain HMGET in the same pipeline (one round trip): Redis converts a
 	// long reply into Lua values far slower than it sends it to a client.
-	args := []any{strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
-	if !s.noHints {
-		for _, h := range s.hints.get(model, keys) {
-			args = append(args, strconv.Itoa(int(h)))
-		}
-	}
 	fields := make([]string, 0, 3*n)
 	for _, r := range replicas {
 		fields = append(fields, r, r+"#s", r+"#i")
+	}
+	var hints []int32
+	if !s.noHints {
+		hints = s.hints.get(model, keys)
+	}
+	if len(hints) > 0 && len(keys) > 1 && s.fast.try() {
+		ov, loads, ok, err := s.lookupPlain(ctx, model, keys, hints, fields, n)
+		if err != nil {
+			return nil, nil, err
+		}
+		s.fast.result(ok)
+		if ok {
+			return ov, loads, nil
+		}
+	}
+	args := []any{strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
+	for _, h := range hints {
+		args = append(args, strconv.Itoa(int(h)))
 	}
 	lk := []string{blkKey(model), axKey(model)}
 	var res *redis.Cmd
@@ -74,11 +86,18 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	if len(lv) != 3*n {
 		return nil, nil, fmt.Errorf("store: lookup: short reply (%d load fields for %d replicas)", len(lv), n)
 	}
+	return decodeLookup(segs, asegs, lv, n, fields)
+}
+
+// decodeLookup turns a lookup's segments and the candidates' load and slot
+// fields (three per replica, as Lookup reads them) into its answer.
+func decodeLookup(segs, asegs []any, lv []any, n int, fields []string) ([]kvroute.Overlap, []kvroute.Load, error) {
 	ov := make([]kvroute.Overlap, n)
 	loads := make([]kvroute.Load, n)
 	for i := range ov {
+		var err error
 		if loads[i], err = parseLoad(lv[3*i], lv[3*i+1]); err != nil {
-			return nil, nil, fmt.Errorf("store: lookup: %s: %w", replicas[i], err)
+			return nil, nil, fmt.Errorf("store: lookup: %s: %w", fields[3*i], err)
 		}
 		str, ok := lv[3*i+2].(string)
 		if !ok {
@@ -86,7 +105,7 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 		}
 		slot, err := strconv.Atoi(str)
 		if err != nil {
-			return nil, nil, fmt.Errorf("store: lookup: %s: bad slot %q", replicas[i], str)
+			return nil, nil, fmt.Errorf("store: lookup: %s: bad slot %q", fields[3*i], str)
 		}
 		ov[i] = overlapOf(slot, segs, asegs)
 	}

@@ -97,6 +97,8 @@ type Store struct {
 	// hints remembers where earlier lookups found runs ending (lookup.go).
 	hints   hintCache
 	noHints bool
+	// fast decides when hinted lookups try plain reads (lookupfast.go).
+	fast fastLookup
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
