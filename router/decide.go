@@ -88,26 +88,7 @@ type Outcome struct {
 // for the service. The only error is scoring's (no routable candidate, an
 // unknown policy).
 func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
-	sc := cfg.Scoring
-	if in.Policy != "" {
-		sc.Policy = in.Policy
-	}
-	maxTokens := in.MaxTokens
-	if maxTokens <= 0 {
-		maxTokens = cfg.MaxTokens
-	}
-	decode := OutputBlocks(maxTokens, in.BlockSize)
-	if cfg.DecodeBooking == BookActive {
-		decode += int64(in.Blocks)
-	}
-	cands := make([]scoring.Candidate, len(in.Candidates))
-	for i, c := range in.Candidates {
-		cands[i] = scoring.Candidate{
-			ID: c.ID, Routable: c.Routable, GPU: c.Overlap.GPU, Any: c.Overlap.Any, Approx: c.Overlap.Approx,
-			Load: c.Load,
-		}
-	}
-	sreq := scoring.Request{Blocks: in.Blocks, ActiveBlocks: float64(decode), SessionID: in.SessionID, Counter: in.Counter}
+	sc, sreq, cands, maxTokens, decode := scoringInput(cfg, in)
 	res, err := scoring.Pick(sc, sreq, cands, rng)
 	if err != nil {
 		return Outcome{Result: res}, err
@@ -130,6 +111,78 @@ func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
 	}
 	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
 	return out, nil
+}
+
+// scoringInput is what scoring sees of a decision's input, and the
+// output-token count and decode booking Decide derives from it.
+func scoringInput(cfg Config, in Input) (scoring.Config, scoring.Request, []scoring.Candidate, int, int64) {
+	sc := cfg.Scoring
+	if in.Policy != "" {
+		sc.Policy = in.Policy
+	}
+	maxTokens := in.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = cfg.MaxTokens
+	}
+	decode := OutputBlocks(maxTokens, in.BlockSize)
+	if cfg.DecodeBooking == BookActive {
+		decode += int64(in.Blocks)
+	}
+	cands := make([]scoring.Candidate, len(in.Candidates))
+	for i, c := range in.Candidates {
+		cands[i] = scoring.Candidate{
+			ID: c.ID, Routable: c.Routable, GPU: c.Overlap.GPU, Any: c.Overlap.Any, Approx: c.Overlap.Approx,
+			Load: c.Load,
+		}
+	}
+	sreq := scoring.Request{Blocks: in.Blocks, ActiveBlocks: float64(decode), SessionID: in.SessionID, Counter: in.Counter}
+	return sc, sreq, cands, maxTokens, decode
+}
+
+// MaxSlack bounds Slack's answer.
+const MaxSlack = 8
+
+// Slack is how many more bookings like out's its pick can take (each
+// adding the lease's prefill and decode and one request to its load, the
+// others' loads as in) and still win on load alone (scoring.Keeps), up to
+// MaxSlack; 0 when it would not, or when the policy is not a cost policy.
+// A decision that lost a booking race books its pick again only while the
+// pick's load is within that many bookings of what it scored: exactly the
+// loads at which the same decision made later, in sequence, would pick it
+// too. It is pure.
+func Slack(cfg Config, in Input, out Outcome) int {
+	sc, sreq, cands, _, _ := scoringInput(cfg, in)
+	p := out.Pick
+	if p < 0 || p >= len(cands) {
+		return 0
+	}
+	base := cands[p].Load
+	keeps := func(k int) bool {
+		cands[p].Load = scoring.Load{
+			Prefill:  base.Prefill + float64(k)*float64(out.Lease.PrefillBlocks),
+			Decode:   base.Decode + float64(k)*float64(out.Lease.DecodeBlocks),
+			Requests: base.Requests + float64(k),
+		}
+		return scoring.Keeps(sc, sreq, cands, p)
+	}
+	// Costs grow with the pick's load, so the bookings it keeps through
+	// are a prefix: search for its end.
+	if !keeps(1) {
+		return 0
+	}
+	if keeps(MaxSlack) {
+		return MaxSlack
+	}
+	lo, hi := 1, MaxSlack // keeps(lo), not keeps(hi)
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if keeps(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // OutputBlocks is the decode work a request owes in blocks: its output

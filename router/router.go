@@ -32,6 +32,10 @@ type Index interface {
 	// ifVersion (any version when negative); otherwise it returns the
 	// current load so the decision can be re-scored.
 	Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error)
+	// ReserveWithin books a lease if the replica's booked counters are
+	// all at most max's, whatever the version; otherwise it returns the
+	// current load.
+	ReserveWithin(ctx context.Context, lease kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error)
 	// RecordApprox remembers that replica was sent these keys.
 	RecordApprox(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
 	Advance(ctx context.Context, requestID string) (bool, error)
@@ -363,6 +367,9 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	if err != nil {
 		return Decision{}, err
 	}
+	// within, after a lost race, bounds the pick's load at which it still
+	// wins (nil: book on the version scored).
+	var within *kvroute.Load
 	for attempt := 0; ; attempt++ {
 		// After a few lost races the booking goes through regardless: a
 		// decision must finish, and the loser's view is at most a few
@@ -370,11 +377,17 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		p := out.Pick
 		ifVersion := loads[p].Version
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
-			ifVersion = -1
+			ifVersion, within = -1, nil
 		}
 		rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
 		sctx, cancel := r.storeCtx(rctx)
-		booked, cur, err := r.idx.Reserve(sctx, out.Lease, ifVersion)
+		var booked bool
+		var cur kvroute.Load
+		if within != nil {
+			booked, cur, err = r.idx.ReserveWithin(sctx, out.Lease, *within)
+		} else {
+			booked, cur, err = r.idx.Reserve(sctx, out.Lease, ifVersion)
+		}
 		cancel()
 		st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
 		if err != nil {
@@ -398,8 +411,19 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 			return Decision{}, err
 		}
 		if out.Pick == p {
+			// Book it at any load up to where it would stop winning, so
+			// that the next attempt does not lose to the next booking.
+			within = nil
+			if k := int64(Slack(r.cfg, in, out)); k > 0 {
+				within = &kvroute.Load{
+					PrefillBlocks: cur.PrefillBlocks + k*out.Lease.PrefillBlocks,
+					DecodeBlocks:  cur.DecodeBlocks + k*out.Lease.DecodeBlocks,
+					Requests:      cur.Requests + k,
+				}
+			}
 			continue
 		}
+		within = nil
 		// The pick moves: every candidate's load may have moved, not only
 		// this one's. Re-read them all and score again, so that the burst
 		// places as the same decisions made one after another would.

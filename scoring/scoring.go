@@ -272,6 +272,34 @@ func Pick(cfg Config, req Request, cands []Candidate, rng Rand) (Result, error) 
 	return res, nil
 }
 
+// Keeps reports whether cands[pick] wins under cfg on load alone, with no
+// tie to break: its cost is strictly below every other eligible
+// candidate's. It answers only for the cost policies (kv, least-load); for
+// the others, where load is not the whole reason for a pick, it is false.
+// The router uses it to learn how much a contested pick's load may grow
+// before a booking on it would no longer be the same decision.
+func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
+	if pick < 0 || pick >= len(cands) || !cands[pick].Routable {
+		return false
+	}
+	switch cfg.Policy {
+	case PolicyKV, "":
+	case PolicyLeastLoad:
+		cfg.OverlapCredit = 0
+	default:
+		return false
+	}
+	s := make([]Score, len(cands))
+	costs(cfg, req, cands, s)
+	const eps = 1e-9
+	for i, c := range cands {
+		if i != pick && c.Routable && s[i].Cost <= s[pick].Cost+eps {
+			return false
+		}
+	}
+	return true
+}
+
 // costs fills every candidate's kv cost, eligible or not, so that explain
 // shows why an unroutable replica would or would not have won.
 func costs(cfg Config, req Request, cands []Candidate, out []Score) {

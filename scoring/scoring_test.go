@@ -300,3 +300,33 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("Dynamo config = %+v, want credit 1, decay 0, scale 1, request weight 0, host 0.75", d)
 	}
 }
+
+// TestKeeps: a pick keeps on load alone only when its cost is strictly the
+// lowest under a cost policy.
+func TestKeeps(t *testing.T) {
+	cfg := scoring.DefaultConfig()
+	req := scoring.Request{Blocks: 10}
+	for _, tc := range []struct {
+		name   string
+		policy scoring.Policy
+		cands  []scoring.Candidate
+		pick   int
+		want   bool
+	}{
+		{"clear winner", scoring.PolicyKV, []scoring.Candidate{cand("a", 10, 0, 0), cand("b", 0, 0, 0)}, 0, true},
+		{"the loser", scoring.PolicyKV, []scoring.Candidate{cand("a", 10, 0, 0), cand("b", 0, 0, 0)}, 1, false},
+		{"a tie", scoring.PolicyKV, []scoring.Candidate{cand("a", 0, 0, 0), cand("b", 0, 0, 0)}, 0, false},
+		{"least load", scoring.PolicyLeastLoad, []scoring.Candidate{cand("a", 0, 0, 0), cand("b", 10, 5, 0)}, 0, true},
+		{"not a cost policy", scoring.PolicyRoundRobin, []scoring.Candidate{cand("a", 10, 0, 0), cand("b", 0, 0, 0)}, 0, false},
+		{"unroutable pick", scoring.PolicyKV, []scoring.Candidate{{ID: "a", GPU: 10, Any: 10}, cand("b", 0, 0, 0)}, 0, false},
+		{"out of range", scoring.PolicyKV, []scoring.Candidate{cand("a", 10, 0, 0)}, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.Policy = tc.policy
+			if got := scoring.Keeps(c, req, tc.cands, tc.pick); got != tc.want {
+				t.Errorf("Keeps = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

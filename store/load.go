@@ -25,6 +25,19 @@ const sweepBatch = 500
 // Advance and Release find the lease's model, and so its keys, from the
 // id, so a decision costs one script call in its model's slot.
 func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (booked bool, cur kvroute.Load, err error) {
+	return s.reserve(ctx, lease, ifVersion, nil)
+}
+
+// ReserveWithin books lease if the replica's booked load is at most max in
+// each of its counters (prefill blocks, decode blocks, requests), whatever
+// its version: a decision that lost a booking race, and whose pick wins at
+// any load up to max, books it without racing again. Otherwise it returns
+// the current load, as Reserve does.
+func (s *Store) ReserveWithin(ctx context.Context, lease kvroute.Lease, max kvroute.Load) (booked bool, cur kvroute.Load, err error) {
+	return s.reserve(ctx, lease, -1, &max)
+}
+
+func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64, within *kvroute.Load) (booked bool, cur kvroute.Load, err error) {
 	switch {
 	case lease.RequestID == "":
 		return false, cur, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "request_id", Msg: "is required"})
@@ -40,6 +53,10 @@ func (s *Store) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	args := []any{lease.RequestID, lease.Replica,
 		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
 		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10)}
+	if within != nil {
+		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
+			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
+	}
 	v, err := scriptReserve.Run(ctx, s.c, leaseKeys(lease.Model), args...).Slice()
 	if err != nil {
 		return false, cur, wrap("reserve", err)

@@ -180,3 +180,46 @@ func TestLeasesAnyOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestReserveWithin: a booking bounded by load books while every counter
+// is within its bound, whatever the version, and refuses with the current
+// load once one is past it; a request that holds a lease is reported
+// booked and not booked twice.
+func TestReserveWithin(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		if booked, _, err := e.s.Reserve(ctx, lease("w1", "a", 10, 4, exp), -1); err != nil || !booked {
+			t.Fatalf("reserve = %v, %v; want booked", booked, err)
+		}
+		for _, tc := range []struct {
+			name   string
+			max    kvroute.Load
+			booked bool
+		}{
+			{"prefill past", kvroute.Load{PrefillBlocks: 9, DecodeBlocks: 100, Requests: 100}, false},
+			{"decode past", kvroute.Load{PrefillBlocks: 100, DecodeBlocks: 3, Requests: 100}, false},
+			{"requests past", kvroute.Load{PrefillBlocks: 100, DecodeBlocks: 100, Requests: 0}, false},
+			{"all within", kvroute.Load{PrefillBlocks: 10, DecodeBlocks: 4, Requests: 1}, true},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				booked, cur, err := e.s.ReserveWithin(ctx, lease("w2", "a", 5, 1, exp), tc.max)
+				if err != nil || booked != tc.booked {
+					t.Fatalf("reserve within %+v = %v, %v; want %v", tc.max, booked, err, tc.booked)
+				}
+				want := kvroute.Load{PrefillBlocks: 10, DecodeBlocks: 4, Requests: 1, Version: 1}
+				if tc.booked {
+					want = kvroute.Load{PrefillBlocks: 15, DecodeBlocks: 5, Requests: 2, Version: 2}
+				}
+				if cur != want {
+					t.Errorf("load = %+v, want %+v", cur, want)
+				}
+			})
+		}
+		big := kvroute.Load{PrefillBlocks: 1000, DecodeBlocks: 1000, Requests: 1000}
+		// Booked already (true, as Reserve answers a retry), not twice.
+		if booked, cur, err := e.s.ReserveWithin(ctx, lease("w2", "a", 5, 1, exp), big); err != nil || !booked || cur.Requests != 2 {
+			t.Errorf("the same request again = %v, %+v, %v; want booked once (2 requests)", booked, cur, err)
+		}
+	})
+}

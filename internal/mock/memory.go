@@ -55,12 +55,13 @@ func NewMemory(replicas ...kvroute.Replica) *Memory {
 // what another consumer of m sees.
 func (m *Memory) Index() *Index {
 	return &Index{
-		LookupFn:       m.lookup,
-		ReserveFn:      m.reserve,
-		RecordApproxFn: m.recordApprox,
-		AdvanceFn:      m.advance,
-		ReleaseFn:      m.release,
-		LoadsFn:        m.listLoads,
+		LookupFn:        m.lookup,
+		ReserveFn:       m.reserve,
+		ReserveWithinFn: m.reserveWithin,
+		RecordApproxFn:  m.recordApprox,
+		AdvanceFn:       m.advance,
+		ReleaseFn:       m.release,
+		LoadsFn:         m.listLoads,
 	}
 }
 
@@ -155,14 +156,28 @@ func (m *Memory) lookup(_ context.Context, _ string, keys []kvroute.BlockKey, re
 // reserve books the lease only if the replica's version is still ifVersion
 // (any when negative), as the store's compare-and-book does; a refusal
 // returns the current load so the router can re-score.
-func (m *Memory) reserve(_ context.Context, l kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
+func (m *Memory) reserve(ctx context.Context, l kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
+	return m.book(ctx, l, ifVersion, nil)
+}
+
+func (m *Memory) reserveWithin(ctx context.Context, l kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error) {
+	return m.book(ctx, l, -1, &max)
+}
+
+// book is the store's reserve.lua: by version, or within bounds.
+func (m *Memory) book(_ context.Context, l kvroute.Lease, ifVersion int64, within *kvroute.Load) (bool, kvroute.Load, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.unavailable(); err != nil {
 		return false, kvroute.Load{}, err
 	}
 	cur := m.loads[l.Replica]
-	if ifVersion >= 0 && ifVersion != cur.Version {
+	switch {
+	case within != nil:
+		if cur.PrefillBlocks > within.PrefillBlocks || cur.DecodeBlocks > within.DecodeBlocks || cur.Requests > within.Requests {
+			return false, cur, nil
+		}
+	case ifVersion >= 0 && ifVersion != cur.Version:
 		return false, cur, nil
 	}
 	cur.PrefillBlocks += l.PrefillBlocks

@@ -72,8 +72,12 @@ func TestMemory(t *testing.T) {
 		idx, reg := mem.Index(), mem.Registry()
 		mem.SetDown(true)
 		for name, call := range map[string]func() error{
-			"Lookup":        func() error { _, _, err := idx.Lookup(ctx, "m", keys, []string{"a"}); return err },
-			"Reserve":       func() error { _, _, err := idx.Reserve(ctx, kvroute.Lease{Replica: "a"}, -1); return err },
+			"Lookup":  func() error { _, _, err := idx.Lookup(ctx, "m", keys, []string{"a"}); return err },
+			"Reserve": func() error { _, _, err := idx.Reserve(ctx, kvroute.Lease{Replica: "a"}, -1); return err },
+			"ReserveWithin": func() error {
+				_, _, err := idx.ReserveWithin(ctx, kvroute.Lease{Replica: "a"}, kvroute.Load{Requests: 9})
+				return err
+			},
 			"RecordApprox":  func() error { return idx.RecordApprox(ctx, "m", "a", keys) },
 			"Advance":       func() error { _, err := idx.Advance(ctx, "q"); return err },
 			"Release":       func() error { _, err := idx.Release(ctx, "q"); return err },

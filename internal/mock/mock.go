@@ -34,12 +34,15 @@ var (
 
 // Index is a router.Index whose methods call their Fn fields.
 type Index struct {
-	LookupFn       func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error)
-	ReserveFn      func(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error)
-	RecordApproxFn func(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
-	AdvanceFn      func(ctx context.Context, requestID string) (bool, error)
-	ReleaseFn      func(ctx context.Context, requestID string) (bool, error)
-	LoadsFn        func(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
+	LookupFn  func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error)
+	ReserveFn func(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error)
+	// ReserveWithinFn answers ReserveWithin; nil books unconditionally
+	// through ReserveFn.
+	ReserveWithinFn func(ctx context.Context, lease kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error)
+	RecordApproxFn  func(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
+	AdvanceFn       func(ctx context.Context, requestID string) (bool, error)
+	ReleaseFn       func(ctx context.Context, requestID string) (bool, error)
+	LoadsFn         func(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
 // Lookup calls LookupFn.
@@ -50,6 +53,14 @@ func (i *Index) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 // Reserve calls ReserveFn.
 func (i *Index) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
 	return i.ReserveFn(ctx, lease, ifVersion)
+}
+
+// ReserveWithin calls ReserveWithinFn, or ReserveFn unconditionally.
+func (i *Index) ReserveWithin(ctx context.Context, lease kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error) {
+	if i.ReserveWithinFn == nil {
+		return i.ReserveFn(ctx, lease, -1)
+	}
+	return i.ReserveWithinFn(ctx, lease, max)
 }
 
 // RecordApprox calls RecordApproxFn.

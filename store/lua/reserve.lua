@@ -1,11 +1,15 @@
 -- reserve.lua books a lease on a replica's load if the load's version is
--- still the one the caller scored on (ifVersion < 0: unconditionally).
+-- still the one the caller scored on (ifVersion < 0: unconditionally), or,
+-- given bounds, if the load's counters are all within them (a load at
+-- which the caller's pick still wins).
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- ARGV = request id, replica, prefill, decode, expiry_ms, ifVersion
+--        [, max prefill, max decode, max requests]
 -- Load field <replica> = "prefill,decode,requests,version"; lease bodies in
 -- kvr:{m}:lb (id -> "replica,prefill,decode,phase"), expiries in kvr:{m}:leases.
--- Returns {status, booked load, scraped}: 1 booked, 0 version moved on,
--- 2 the request already holds a lease (a retry: nothing booked twice).
+-- Returns {status, booked load, scraped}: 1 booked, 0 version moved on (or
+-- the load is past the bounds), 2 the request already holds a lease (a
+-- retry: nothing booked twice).
 local id, R = ARGV[1], ARGV[2]
 local pre, dec = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ifv = tonumber(ARGV[6])
@@ -17,7 +21,13 @@ if cur[1] then
   local a, b, c, e = string.match(cur[1], '^(%d+),(%d+),(%d+),(%d+)$')
   p, d, n, v = tonumber(a), tonumber(b), tonumber(c), tonumber(e)
 end
-if ifv >= 0 and ifv ~= v then return {0, cur[1], cur[2]} end
+if ARGV[9] then
+  if p > tonumber(ARGV[7]) or d > tonumber(ARGV[8]) or n > tonumber(ARGV[9]) then
+    return {0, cur[1], cur[2]}
+  end
+elseif ifv >= 0 and ifv ~= v then
+  return {0, cur[1], cur[2]}
+end
 local booked = (p + pre) .. ',' .. (d + dec) .. ',' .. (n + 1) .. ',' .. (v + 1)
 redis.call('HSET', KEYS[1], R, booked)
 redis.call('HSET', lb, id, R .. ',' .. pre .. ',' .. dec .. ',0')
