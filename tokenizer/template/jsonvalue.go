@@ -10,6 +10,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -75,6 +76,23 @@ func decodeJSON(raw []byte) (any, error) {
 }
 
 func decodeValue(dec *jsontext.Decoder) (any, error) {
+	if dec.PeekKind() == '"' {
+		// Message contents are most of a chat: read the raw string and
+		// copy it out once when it holds no escape (the decoder has
+		// checked it), instead of unquoting it in a second pass.
+		raw, err := dec.ReadValue()
+		if err != nil {
+			return nil, err
+		}
+		if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+			return string(raw[1 : len(raw)-1]), nil
+		}
+		// The decoder has checked the string, so the only error left is
+		// invalid UTF-8, which AppendUnquote has already replaced with
+		// U+FFFD, as ReadToken would.
+		s, _ := jsontext.AppendUnquote(nil, raw)
+		return string(s), nil
+	}
 	tok, err := dec.ReadToken()
 	if err != nil {
 		return nil, err
