@@ -257,20 +257,6 @@ func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
 	return kvroute.KeySpace{Model: model, LoRA: lora, Seed: r.cfg.Seed}
 }
 
-// A decision that lost a booking race scores again with the contested
-// replica's fresh load (and, when the pick moves, with every load re-read),
-// up to maxBookingAttempts times or for bookingBudget, then books
-// regardless. Retrying until the race is won is what makes a burst of
-// simultaneous decisions from many pods place exactly as the same
-// decisions in sequence (64 over two pods: 43 of 64 on the prompt's
-// holder either way); booking regardless after a few attempts placed
-// 8% fewer there on average. The bounds keep a pathological contention
-// from holding a decision long: each retry costs two round trips.
-const (
-	maxBookingAttempts = 64
-	bookingBudget      = 250 * time.Millisecond
-)
-
 // route is Route, timing its steps in tm.
 func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, error) {
 	if req.Model == "" {
@@ -348,100 +334,13 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 			Overlap: overlaps[i], Load: scoringLoad(loads[i]),
 		}
 	}
-	started := r.now()
-	decide := func() (Outcome, error) {
-		_, st := r.stage(ctx, "kvroute.scoring", &tm.Scoring)
-		r.mu.Lock()
-		out, err := Decide(r.cfg, in, r.rng)
-		r.mu.Unlock()
-		st.end(err)
-		if errors.Is(err, scoring.ErrNoCandidate) {
-			return out, fmt.Errorf("router: model %q: every replica is unhealthy: %w", req.Model, kvroute.ErrNoReplica)
-		}
-		if err != nil {
-			return out, fmt.Errorf("router: %w", err)
-		}
-		return out, nil
-	}
-	out, err := decide()
+	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
 	if err != nil {
+		if errors.Is(err, kvroute.ErrUnavailable) {
+			r.markDown()
+			return r.degraded(d, fleet, err)
+		}
 		return Decision{}, err
-	}
-	// within, after a lost race, bounds the pick's load at which it still
-	// wins (nil: book on the version scored).
-	var within *kvroute.Load
-	for attempt := 0; ; attempt++ {
-		// After a few lost races the booking goes through regardless: a
-		// decision must finish, and the loser's view is at most a few
-		// bookings stale.
-		p := out.Pick
-		ifVersion := loads[p].Version
-		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
-			ifVersion, within = -1, nil
-		}
-		rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
-		sctx, cancel := r.storeCtx(rctx)
-		var booked bool
-		var cur kvroute.Load
-		if within != nil {
-			booked, cur, err = r.idx.ReserveWithin(sctx, out.Lease, *within)
-		} else {
-			booked, cur, err = r.idx.Reserve(sctx, out.Lease, ifVersion)
-		}
-		cancel()
-		st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
-		if err != nil {
-			if errors.Is(err, kvroute.ErrUnavailable) {
-				r.markDown()
-				return r.degraded(d, fleet, err)
-			}
-			return Decision{}, fmt.Errorf("router: reserve: %w", err)
-		}
-		if booked {
-			break
-		}
-		// Another pod booked first: a burst is under way. The refusal
-		// carries this replica's load as it is now: score again with it.
-		// If the pick stays (the common case: losing the race did not
-		// change which replica is cheapest, and in a burst the others'
-		// loads only grow), book it again at once.
-		loads[p] = cur
-		in.Candidates[p].Load = scoringLoad(cur)
-		if out, err = decide(); err != nil {
-			return Decision{}, err
-		}
-		if out.Pick == p {
-			// Book it at any load up to where it would stop winning, so
-			// that the next attempt does not lose to the next booking.
-			within = nil
-			if k := int64(Slack(r.cfg, in, out)); k > 0 {
-				within = &kvroute.Load{
-					PrefillBlocks: cur.PrefillBlocks + k*out.Lease.PrefillBlocks,
-					DecodeBlocks:  cur.DecodeBlocks + k*out.Lease.DecodeBlocks,
-					Requests:      cur.Requests + k,
-				}
-			}
-			continue
-		}
-		within = nil
-		// The pick moves: every candidate's load may have moved, not only
-		// this one's. Re-read them all and score again, so that the burst
-		// places as the same decisions made one after another would.
-		lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
-		sctx, cancel = r.storeCtx(lctx)
-		fresh, err := r.idx.Loads(sctx, req.Model, ids)
-		cancel()
-		st.end(err)
-		if err != nil || len(fresh) != len(loads) {
-			continue // book the pick made on what is known
-		}
-		loads = fresh
-		for i := range in.Candidates {
-			in.Candidates[i].Load = scoringLoad(loads[i])
-		}
-		if out, err = decide(); err != nil {
-			return Decision{}, err
-		}
 	}
 	p := out.Pick
 	if resetting {

@@ -490,19 +490,26 @@ func redisBenchmarkGet(tb testing.TB, url string) (float64, time.Duration, *redi
 	return f, cpuPer, &r1
 }
 
-func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
-	ctx := context.Background()
-	nPods := envInt("KVROUTE_LOAD_PODS", 3)
-	secs := time.Duration(envInt("KVROUTE_LOAD_SECS", 4)) * time.Second
+// loadFixture is the load benchmarks' setup: a redis-server of their own,
+// a store on it (closed when the benchmark ends), and loadCorpus's fleet
+// with 8 request prompts.
+func loadFixture(b *testing.B, nRep, nBlocks int) (string, *redis.Client, *store.Store, [][]uint32) {
 	url, rc := loadRedis(b)
-	st, err := store.Open(ctx, url, store.Options{})
+	st, err := store.Open(context.Background(), url, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	b.Cleanup(func() { st.Close() })
 	t0 := time.Now()
-	prompts := loadCorpus(b, ctx, st, nRep, nBlocks, 8)
+	prompts := loadCorpus(b, context.Background(), st, nRep, nBlocks, 8)
 	b.Logf("corpus: %d replicas × %d blocks, %d prompts, written in %v", nRep, nBlocks, len(prompts), time.Since(t0).Round(time.Millisecond))
+	return url, rc, st, prompts
+}
+
+func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
+	nPods := envInt("KVROUTE_LOAD_PODS", 3)
+	secs := time.Duration(envInt("KVROUTE_LOAD_SECS", 4)) * time.Second
+	url, rc, _, prompts := loadFixture(b, nRep, nBlocks)
 	var bodies [][]byte
 	for _, p := range prompts {
 		raw, _ := json.Marshal(map[string]any{"model": "bench", "token_ids": p, "max_tokens": 64})

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/router"
-	"github.com/kvroute/kvroute/store"
 )
 
 // BenchmarkShardCeiling measures one Redis's decision ceiling directly:
@@ -41,13 +40,7 @@ func shardCeiling(b *testing.B, nRep, nBlocks int) {
 	ctx := context.Background()
 	workers := envInt("KVROUTE_SHARD_WORKERS", 32)
 	secs := time.Duration(envInt("KVROUTE_LOAD_SECS", 4)) * time.Second
-	url, rc := loadRedis(b)
-	st, err := store.Open(ctx, url, store.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	prompts := loadCorpus(b, ctx, st, nRep, nBlocks, 8)
+	url, rc, st, prompts := loadFixture(b, nRep, nBlocks)
 	rt, err := router.New(st, st, router.DefaultConfig(), router.Options{Rand: rand.New(rand.NewPCG(3, 3))})
 	if err != nil {
 		b.Fatal(err)
