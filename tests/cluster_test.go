@@ -51,6 +51,14 @@ func TestClusterPrimaryRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As in a pod: progress reports that meet the outage are queued and
+	// retried by the router's own task. Without it a release queued during
+	// the outage would never land, and its lease would keep the holder
+	// loaded (no ingestor sweeps here).
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = rt.Run(runCtx) }()
+	defer func() { stopRun(); <-ran }()
 
 	// Each model: two event-fed replicas; replica 0 holds the prompt.
 	r := rand.New(rand.NewPCG(11, 11))
@@ -112,6 +120,8 @@ func TestClusterPrimaryRestart(t *testing.T) {
 		model    string
 		degraded bool
 		aware    bool
+		replica  string
+		matched  int
 	}
 	var (
 		mu      sync.Mutex
@@ -177,7 +187,7 @@ func TestClusterPrimaryRestart(t *testing.T) {
 			errs[lerr.Error()]++
 		}
 		now := time.Now()
-		results = append(results, result{at: now, model: m, degraded: d.Degraded, aware: cacheAware(m, d)})
+		results = append(results, result{at: now, model: m, degraded: d.Degraded, aware: cacheAware(m, d), replica: d.Replica.ID, matched: d.Matched})
 		if !back.IsZero() && cacheAware(m, d) {
 			if _, ok := recovered[m]; !ok {
 				recovered[m] = now
@@ -200,7 +210,15 @@ func TestClusterPrimaryRestart(t *testing.T) {
 	for _, m := range models {
 		at, ok := recovered[m]
 		if !ok {
-			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (started again at %v)", m, back.Format(time.StampMilli))
+			var last result
+			for _, res := range results {
+				if res.model == m {
+					last = res
+				}
+			}
+			loads, lerr := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
+			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (started again at %v); the last went to %s with %d matched (degraded %v); loads r0, r1: %+v %v",
+				m, back.Format(time.StampMilli), last.replica, last.matched, last.degraded, loads, lerr)
 			continue
 		}
 		t.Logf("%s: cache-aware again %v after the primary restarted", m, at.Sub(back).Round(time.Millisecond))
