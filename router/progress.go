@@ -43,7 +43,9 @@ type report struct {
 type progressQueue struct {
 	mu      sync.Mutex
 	pending []report
-	dropped int
+	// inflight counts reports taken for a retry that has not finished.
+	inflight int
+	dropped  int
 }
 
 // maxQueued bounds the queue: past it the oldest reports are dropped
@@ -69,19 +71,29 @@ func (q *progressQueue) push(r report) {
 	q.mu.Unlock()
 }
 
+// take hands every pending report to a retry, which settles each.
 func (q *progressQueue) take() []report {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.pending
 	q.pending = nil
+	q.inflight += len(out)
 	return out
 }
 
-// Queued is how many progress reports wait for the store.
+// settle ends n taken reports' retry: delivered, expired, or pushed back.
+func (q *progressQueue) settle(n int) {
+	q.mu.Lock()
+	q.inflight -= n
+	q.mu.Unlock()
+}
+
+// Queued is how many progress reports have not reached the store yet:
+// waiting for a retry, or being retried.
 func (r *Router) Queued() int {
 	r.progress.mu.Lock()
 	defer r.progress.mu.Unlock()
-	return len(r.progress.pending)
+	return len(r.progress.pending) + r.progress.inflight
 }
 
 // FirstToken moves a request's booking from prefill to decode. If the
@@ -147,6 +159,7 @@ func (r *Router) Run(ctx context.Context) error {
 		horizon := r.now().Add(-r.maxLease())
 		for i, rep := range reps {
 			if rep.at.Before(horizon) {
+				r.progress.settle(1)
 				continue // the lease has expired by now
 			}
 			if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
@@ -154,11 +167,13 @@ func (r *Router) Run(ctx context.Context) error {
 				for _, back := range reps[i:] {
 					r.progress.push(back)
 				}
+				r.progress.settle(len(reps) - i)
 				r.markDown()
 				break
 			} else if err != nil && ctx.Err() == nil {
 				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
 			}
+			r.progress.settle(1)
 		}
 	}
 }
