@@ -70,6 +70,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// waitFor reports whether sub appears in the buffer within d. The access
+// log line is written after the response has gone out, so a client can
+// read its answer before the line exists.
+func (s *syncBuffer) waitFor(sub string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if strings.Contains(s.String(), sub) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // tracedPod is an in-process pod (configured, like `kvroute serve`, by
 // the OTEL_* environment) over a real redis-server with one replica, up.
 type tracedPod struct {
@@ -221,6 +235,7 @@ func TestTracing(t *testing.T) {
 	})
 
 	t.Run("logs carry the trace", func(t *testing.T) {
+		pod.logs.waitFor(`"path":"/v1/route"`, 5*time.Second)
 		var found bool
 		for line := range strings.SplitSeq(pod.logs.String(), "\n") {
 			var rec struct{ Msg, Path, TraceID, SpanID string }
@@ -286,7 +301,7 @@ func TestTracingOff(t *testing.T) {
 	if got := up.last(); got != in {
 		t.Errorf("replica got traceparent %q, want the caller's %q", got, in)
 	}
-	if !strings.Contains(pod.logs.String(), `"trace_id":"0af7651916cd43dd8448eb211c80319c"`) {
+	if !pod.logs.waitFor(`"trace_id":"0af7651916cd43dd8448eb211c80319c"`, 5*time.Second) {
 		t.Errorf("logs lack the caller's trace id:\n%s", pod.logs.String())
 	}
 	time.Sleep(200 * time.Millisecond)
