@@ -175,18 +175,8 @@ func (s *scanner) object(depth int) error {
 			return err
 		}
 		s.path = s.path[:len(s.path)-1]
-		s.ws()
-		if s.i >= len(s.b) {
-			return errSyntax
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return nil
-		default:
-			return errSyntax
+		if end, err := s.sep('}'); err != nil || end {
+			return err
 		}
 	}
 }
@@ -263,20 +253,28 @@ func (s *scanner) array(depth int) error {
 		} else if err := s.value(depth); err != nil {
 			return err
 		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return errSyntax
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case ']':
-			s.i++
-			return nil
-		default:
-			return errSyntax
+		if end, err := s.sep(']'); err != nil || end {
+			return err
 		}
 	}
+}
+
+// sep moves past what follows a member or an element: a comma (more
+// follow) or close (the object or array ends, end is true).
+func (s *scanner) sep(close byte) (end bool, err error) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false, errSyntax
+	}
+	switch s.b[s.i] {
+	case ',':
+		s.i++
+		return false, nil
+	case close:
+		s.i++
+		return true, nil
+	}
+	return false, errSyntax
 }
 
 // str scans a string at s.i, checking its UTF-8 and escapes. A key is
