@@ -74,16 +74,7 @@ func (s *scanner) fail(msg string) error {
 	return &kvroute.FieldError{Field: s.field(), Msg: msg}
 }
 
-func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
-}
+func (s *scanner) ws() { s.i = skipWS(s.b, s.i) }
 
 func (s *scanner) value(depth int) error {
 	s.ws()
