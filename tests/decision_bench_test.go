@@ -24,13 +24,7 @@ func fleetCorpus(tb testing.TB, ctx context.Context, st *store.Store, nRep, nBlo
 	tb.Helper()
 	const bs = kvroute.DefaultBlockSize
 	r := rand.New(rand.NewPCG(uint64(nRep), uint64(nBlocks)))
-	toks := func(n int) []uint32 {
-		t := make([]uint32, n)
-		for i := range t {
-			t[i] = uint32(r.IntN(50_000))
-		}
-		return t
-	}
+	toks := func(n int) []uint32 { return randTokens(r, n) }
 	ks := kvroute.KeySpace{Model: "bench"}
 	sys := toks(4 * bs)
 	prompt := append(append([]uint32(nil), sys...), toks((nBlocks-4)*bs)...)
@@ -162,4 +156,14 @@ func BenchmarkDecision(b *testing.B) {
 			})
 		}
 	}
+}
+
+// randTokens is n token ids drawn from r, in a 50k vocabulary: the
+// benchmark corpora's prompts.
+func randTokens(r *rand.Rand, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(r.IntN(50_000))
+	}
+	return t
 }

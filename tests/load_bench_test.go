@@ -248,13 +248,7 @@ func readRedisStats(tb testing.TB, rc *redis.Client) redisStats {
 func loadCorpus(tb testing.TB, ctx context.Context, st *store.Store, nRep, nBlocks, nPrompts int) [][]uint32 {
 	const bs = kvroute.DefaultBlockSize
 	r := rand.New(rand.NewPCG(uint64(nRep), uint64(nBlocks)))
-	toks := func(n int) []uint32 {
-		t := make([]uint32, n)
-		for i := range t {
-			t[i] = uint32(r.IntN(50_000))
-		}
-		return t
-	}
+	toks := func(n int) []uint32 { return randTokens(r, n) }
 	ks := kvroute.KeySpace{Model: "bench"}
 	sys := toks(4 * bs)
 	var prompts [][]uint32
@@ -299,6 +293,21 @@ type phase struct {
 	cmdUsec    map[string]int64
 	cmdCalls   map[string]int64
 	dropped    int // open loop: arrivals not sent because too many were in flight
+}
+
+// record counts one answered request: ok a 200, aware cache-aware, took
+// its latency. The caller serializes calls.
+func (p *phase) record(ok, aware bool, took time.Duration) {
+	p.sent++
+	if !ok {
+		p.errs++
+		return
+	}
+	p.ok++
+	p.lat = append(p.lat, took)
+	if aware {
+		p.cacheAware++
+	}
 }
 
 func (p *phase) rate() float64 { return float64(p.ok) / p.elapsed.Seconds() }
@@ -379,16 +388,7 @@ func (g *loadGen) closed(name string, workers, count int, d time.Duration) *phas
 					ok, aware := g.one()
 					el := time.Since(t0)
 					mu.Lock()
-					ph.sent++
-					if ok {
-						ph.ok++
-						ph.lat = append(ph.lat, el)
-						if aware {
-							ph.cacheAware++
-						}
-					} else {
-						ph.errs++
-					}
+					ph.record(ok, aware, el)
 					mu.Unlock()
 				}
 			})
@@ -424,16 +424,7 @@ func (g *loadGen) open(name string, rate float64, d time.Duration, maxInFlight i
 				el := time.Since(at)
 				mu.Lock()
 				defer mu.Unlock()
-				ph.sent++
-				if ok {
-					ph.ok++
-					ph.lat = append(ph.lat, el)
-					if aware {
-						ph.cacheAware++
-					}
-				} else {
-					ph.errs++
-				}
+				ph.record(ok, aware, el)
 			})
 		}
 		wg.Wait()
