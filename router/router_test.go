@@ -116,6 +116,42 @@ func TestRoute(t *testing.T) {
 			t.Errorf("picked %s, want r1 after r0 was taken", d.Replica.ID)
 		}
 	})
+	t.Run("booking within its slack loses no race", func(t *testing.T) {
+		// r0 wins by far: another pod's booking on it between the read
+		// and the booking leaves it the pick, so the first booking is
+		// bounded by that margin and goes through, costing no retry.
+		mem := mock.NewMemory(fleet(2, true)...)
+		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 1000})
+		idx := mem.Index()
+		within, versioned, other := idx.ReserveWithinFn, 0, false
+		idx.ReserveWithinFn = func(ctx context.Context, l kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error) {
+			if !other {
+				other = true
+				cur := mem.Load("r0")
+				cur.PrefillBlocks += l.PrefillBlocks
+				cur.Requests++
+				cur.Version++
+				mem.SetLoad("r0", cur)
+			}
+			return within(ctx, l, max)
+		}
+		reserve := idx.ReserveFn
+		idx.ReserveFn = func(ctx context.Context, l kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
+			versioned++
+			return reserve(ctx, l, ifVersion)
+		}
+		r := newRouter(t, idx, mem.Registry(), time.Now)
+		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Replica.ID != "r0" || !other || versioned != 0 {
+			t.Errorf("picked %s with %d versioned bookings (bounded tried: %v), want r0 booked within its bound at once", d.Replica.ID, versioned, other)
+		}
+		if got := mem.Load("r0").Requests; got != 2 {
+			t.Errorf("r0 requests = %d, want 2 (the other pod's and this one)", got)
+		}
+	})
 	t.Run("approximate entries for replicas without events", func(t *testing.T) {
 		mem := mock.NewMemory(fleet(4, false)...)
 		r := newRouter(t, mem.Index(), mem.Registry(), time.Now)
