@@ -57,7 +57,7 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
 			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
 	}
-	v, err := scriptReserve.Run(ctx, s.c, leaseKeys(lease.Model), args...).Slice()
+	v, err := s.evalBatched(ctx, scriptReserve, leaseKeys(lease.Model), args...).Slice()
 	if err != nil {
 		return false, cur, wrap("reserve", err)
 	}
@@ -96,7 +96,7 @@ func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id stri
 	if !ok {
 		return false, nil // not one of ours: no lease was booked under it
 	}
-	n, err := sc.Run(ctx, s.c, leaseKeys(model), id).Int()
+	n, err := s.evalBatched(ctx, sc, leaseKeys(model), id).Int()
 	if err != nil {
 		return false, wrap(op, err)
 	}
@@ -147,12 +147,14 @@ func (s *Store) Loads(ctx context.Context, model string, replicas []string) ([]k
 	for _, r := range replicas {
 		fields = append(fields, r, r+"#s")
 	}
-	v, err := s.c.HMGet(ctx, loadKey(model), fields...).Result()
-	if err != nil {
+	cmd := hmget(ctx, loadKey(model), fields)
+	if err := s.batch.do(ctx, cmd); err != nil {
 		return nil, wrap("loads", err)
 	}
+	v := cmd.Val()
 	out := make([]kvroute.Load, len(replicas))
 	for i := range out {
+		var err error
 		if out[i], err = parseLoad(v[2*i], v[2*i+1]); err != nil {
 			return nil, fmt.Errorf("store: loads: %s: %w", replicas[i], err)
 		}

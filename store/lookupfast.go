@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute"
-	"github.com/redis/go-redis/v9"
 )
 
 // The hinted lookup without a script. With hints, lookup.lua's first level
@@ -89,14 +88,8 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 	for i, p := range probes {
 		pf[i] = keyField(keys[p])
 	}
-	var blk, ax, lres *redis.SliceCmd
-	_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		blk = p.HMGet(ctx, blkKey(model), pf...)
-		ax = p.HMGet(ctx, axKey(model), pf...)
-		lres = p.HMGet(ctx, loadKey(model), fields...)
-		return nil
-	})
-	if err != nil {
+	blk, ax, lres := hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
+	if err = s.batch.do(ctx, blk, ax, lres); err != nil {
 		return nil, nil, false, wrap("lookup", err)
 	}
 	bv, av, lv := blk.Val(), ax.Val(), lres.Val()

@@ -99,11 +99,14 @@ type Store struct {
 	noHints bool
 	// fast decides when hinted lookups try plain reads (lookupfast.go).
 	fast fastLookup
+	// batch coalesces the decision path's commands (batch.go).
+	batch batcher
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
 func New(c redis.UniversalClient, opt Options) *Store {
-	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints}
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints,
+		batch: batcher{c: c, max: coalesced}}
 	if s.now == nil {
 		s.now = time.Now
 	}
