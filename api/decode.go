@@ -30,7 +30,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	// correctly either way. The extra MinRead bytes let ReadFrom see the
 	// end of the body without growing the buffer.
 	if n := r.ContentLength; n > 0 && n <= s.cfg.MaxBodyBytes {
-		buf := bytes.NewBuffer(make([]byte, 0, n+bytes.MinRead))
+		buf := bytes.NewBuffer(bodyBufs.get(int(n) + bytes.MinRead))
 		if _, err := buf.ReadFrom(body); err != nil {
 			return nil, err
 		}

@@ -127,8 +127,21 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &kvroute.FieldError{Field: "path", Msg: "is not supported: /v1/route does not redirect (see redirect)"})
 		return
 	}
+	raw, err := s.readBody(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	var body RouteRequest
-	if err := s.decodeStrict(w, r, &body); err != nil {
+	defer func() {
+		// Client-given ids are read by nothing after the answer: the body
+		// and the ids go back to their pools (pool.go).
+		if body.Prompt == nil && !present(body.Messages) {
+			bodyBufs.put(raw)
+			idBufs.put(body.TokenIDs)
+		}
+	}()
+	if err := decodeBody(raw, &body); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -158,7 +158,7 @@ func parseTokenArray(b []byte, i int) (ids []uint32, end int, ok bool) {
 	}
 	end = i + close + 1
 	a := b[i+1 : end-1]
-	ids = make([]uint32, 0, bytes.Count(a, []byte{','})+1)
+	ids = idBufs.get(bytes.Count(a, []byte{','}) + 1)
 	j := skipWS(a, 0)
 	if j == len(a) {
 		return ids, end, true // []
