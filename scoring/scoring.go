@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
+	"sync"
 )
 
 // Policy names a way of choosing among candidates.
@@ -289,7 +291,12 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 	default:
 		return false
 	}
-	s := make([]Score, len(cands))
+	// A booking asks a few times per decision (the router's Slack
+	// searches), so the scores are scratch space, reused.
+	sp := keepScores.Get().(*[]Score)
+	defer keepScores.Put(sp)
+	s := slices.Grow((*sp)[:0], len(cands))[:len(cands)]
+	*sp = s
 	costs(cfg, req, cands, s)
 	const eps = 1e-9
 	for i, c := range cands {
@@ -299,6 +306,8 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 	}
 	return true
 }
+
+var keepScores = sync.Pool{New: func() any { return new([]Score) }}
 
 // costs fills every candidate's kv cost, eligible or not, so that explain
 // shows why an unroutable replica would or would not have won.
