@@ -175,34 +175,38 @@ func (s *Store) SetScraped(ctx context.Context, model, replica string, waiting, 
 var htPad = strings.Repeat("-", 80)
 
 // parseLoad decodes a booked value "prefill,decode,requests,version" and a
-// scraped value "waiting,running,kvusage"; either may be absent (nil).
+// scraped value "waiting,running,kvusage"; either may be absent (nil). It
+// runs for every candidate of every decision, so it splits in place.
 func parseLoad(booked, scraped any) (kvroute.Load, error) {
 	var l kvroute.Load
 	if b, ok := booked.(string); ok {
-		f := strings.Split(b, ",")
-		if len(f) != 4 {
-			return l, fmt.Errorf("bad load %q", b)
-		}
-		var err error
+		rest := b
 		for i, p := range []*int64{&l.PrefillBlocks, &l.DecodeBlocks, &l.Requests, &l.Version} {
-			if *p, err = strconv.ParseInt(f[i], 10, 64); err != nil {
+			f, more, found := strings.Cut(rest, ",")
+			if found != (i < 3) {
+				return l, fmt.Errorf("bad load %q", b)
+			}
+			var err error
+			if *p, err = strconv.ParseInt(f, 10, 64); err != nil {
 				return l, fmt.Errorf("bad load %q: %w", b, err)
 			}
+			rest = more
 		}
 	}
 	if sc, ok := scraped.(string); ok {
-		f := strings.Split(sc, ",")
-		if len(f) != 3 {
+		w, rest, ok1 := strings.Cut(sc, ",")
+		r, kv, ok2 := strings.Cut(rest, ",")
+		if !ok1 || !ok2 || strings.Contains(kv, ",") {
 			return l, fmt.Errorf("bad scraped load %q", sc)
 		}
 		var err error
-		if l.Waiting, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+		if l.Waiting, err = strconv.ParseInt(w, 10, 64); err != nil {
 			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
 		}
-		if l.Running, err = strconv.ParseInt(f[1], 10, 64); err != nil {
+		if l.Running, err = strconv.ParseInt(r, 10, 64); err != nil {
 			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
 		}
-		if l.KVUsage, err = strconv.ParseFloat(f[2], 64); err != nil {
+		if l.KVUsage, err = strconv.ParseFloat(kv, 64); err != nil {
 			return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
 		}
 	}

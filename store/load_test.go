@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +114,21 @@ func TestLeases(t *testing.T) {
 			}
 			if loads[0] != (kvroute.Load{}) || loads[1] != want {
 				t.Errorf("lookup loads = %+v, want [{} %+v]", loads, want)
+			}
+		})
+		t.Run("malformed values are errors", func(t *testing.T) {
+			key := "kvr:{m:" + mdl + "}:load"
+			for _, tc := range []struct{ field, value string }{
+				{"bad", "1,2,3"}, {"bad", "1,2,3,4,5"}, {"bad", "1,x,3,4"}, {"bad", ""},
+				{"bad#s", "1,2"}, {"bad#s", "1,2,0.5,9"}, {"bad#s", "1,2,lots"},
+			} {
+				if err := e.rc.HSet(ctx, key, tc.field, tc.value).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.s.Loads(ctx, mdl, []string{"bad"}); err == nil || !strings.Contains(err.Error(), "bad") {
+					t.Errorf("%s = %q: err = %v, want one naming the replica", tc.field, tc.value, err)
+				}
+				e.rc.HDel(ctx, key, "bad", "bad#s")
 			}
 		})
 	})
