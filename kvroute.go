@@ -152,6 +152,33 @@ type Lease struct {
 	Expires       time.Time `json:"expires"`
 }
 
+// A Choice is one replica a contested booking may land on: the lease's
+// prefill if booked there, and the overlap credit its cost subtracts.
+type Choice struct {
+	Replica       string
+	PrefillBlocks int64
+	// Credit is the prefill blocks the replica's cached prefix is worth
+	// in its cost (the overlap credit times the blocks it matched).
+	Credit float64
+}
+
+// ChoiceCost is the cost a store evaluates to book the cheapest of
+// several Choices at their loads as they are at that moment (the router's
+// kv cost): with P, D and N a choice's booked prefill, decode and
+// requests (N at least its scraped running plus waiting),
+//
+//	PrefillScale × max(0, P + Blocks − Credit) + (D + Active) + RequestWeight × N
+//
+// The cheapest by more than Eps wins, then the least loaded (P + D) by
+// more than Eps, then the earliest choice. Bound is the cost the winner
+// must stay under by Eps (the cheapest replica left out of the choices,
+// as last read); nothing is booked otherwise.
+type ChoiceCost struct {
+	PrefillScale, RequestWeight float64
+	Blocks, Active              float64
+	Bound, Eps                  float64
+}
+
 // OpKind is the kind of one index operation.
 type OpKind uint8
 

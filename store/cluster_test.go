@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -84,7 +85,8 @@ func exercise(t *testing.T, s *store.Store, clk *clock, model string) {
 		t.Errorf("%s stats = %+v, %v; want seq 2, 19 blocks", model, st, err)
 	}
 
-	// Leases: reserve.lua, advance.lua, release.lua, sweep.lua.
+	// Leases: reserve.lua, advance.lua, release.lua, sweep.lua,
+	// reservebest.lua.
 	exp := clk.Now().Add(time.Minute)
 	l := kvroute.Lease{RequestID: store.RequestID(model, "r1"), Model: model, Replica: "a", PrefillBlocks: 4, DecodeBlocks: 2, Expires: exp}
 	if booked, _, err := s.Reserve(ctx, l, 0); err != nil || !booked {
@@ -112,6 +114,16 @@ func exercise(t *testing.T, s *store.Store, clk *clock, model string) {
 	}
 	if loads, err := s.Loads(ctx, model, []string{"a", "b"}); err != nil || loads[0].Requests != 0 || loads[1].Requests != 1 {
 		t.Errorf("%s loads after sweep = %+v, %v; want 0 and 1 requests", model, loads, err)
+	}
+	// reservebest.lua: b owes a request, a nothing; a is cheaper.
+	l4 := kvroute.Lease{RequestID: store.RequestID(model, "r4"), Model: model, DecodeBlocks: 2, Expires: exp}
+	j, loads, err := s.ReserveBest(ctx, l4, []kvroute.Choice{{Replica: "b", PrefillBlocks: 4}, {Replica: "a", PrefillBlocks: 4}},
+		kvroute.ChoiceCost{PrefillScale: 1, RequestWeight: 1, Blocks: 4, Active: 2, Bound: math.Inf(1), Eps: 1e-9})
+	if err != nil || j != 1 || len(loads) != 2 || loads[1].Requests != 1 {
+		t.Errorf("%s reserve best = %d %+v, %v; want a (1) booked", model, j, loads, err)
+	}
+	if ok, err := s.Release(ctx, l4.RequestID); err != nil || !ok {
+		t.Errorf("%s release best = %v, %v; want true", model, ok, err)
 	}
 	must("set scraped", s.SetScraped(ctx, model, "a", 1, 2, 0.5))
 

@@ -205,7 +205,7 @@ var scriptNames = sync.OnceValue(func() map[string]string {
 	for name, s := range map[string]*redis.Script{
 		"apply.lua": scriptApply, "applyfast.lua": scriptApplyF, "slot.lua": scriptSlot,
 		"reset.lua": scriptReset, "purge.lua": scriptPurge, "lookup.lua": scriptLookup,
-		"approx.lua": scriptApprox, "sweepapprox.lua": scriptSweepAx, "reserve.lua": scriptReserve,
+		"approx.lua": scriptApprox, "sweepapprox.lua": scriptSweepAx, "reserve.lua": scriptReserve, "reservebest.lua": scriptReserveBest,
 		"advance.lua": scriptAdvance, "release.lua": scriptRelease, "sweep.lua": scriptSweep,
 		"acquire.lua": scriptAcquire, "disown.lua": scriptDisown,
 	} {

@@ -1,0 +1,82 @@
+-- reservebest.lua books a lease on the cheapest of several replicas by
+-- their loads as they are now: decisions in flight together that chose
+-- the same replica are settled here, one after another, instead of by
+-- lost races and retries. The cost is the router's kv cost (see
+-- kvroute.ChoiceCost), in the same order of operations, so that on
+-- unchanged loads it picks exactly what the router picked.
+-- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
+-- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
+--        request blocks, active blocks, bound, eps,
+--        then per choice: replica, prefill, credit
+-- Returns {status, index, then per choice its booked load and scraped
+-- (absent when the first choice was booked: the caller's own pick)}:
+-- status 1 booked the choice at index (1-based), 0 booked nothing (the
+-- cheapest is not under the bound), 2 the request already holds a lease
+-- (index: its replica among the choices, 0 if none).
+local id, dec, exp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local scale, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
+local blocks, active = tonumber(ARGV[6]), tonumber(ARGV[7])
+local bound, eps = tonumber(ARGV[8]), tonumber(ARGV[9])
+local n = (#ARGV - 9) / 3
+-- Scraped requests count only with a request weight.
+local scraped = weight ~= 0
+local fields = {}
+for j = 1, n do
+  local R = ARGV[7 + 3 * j]
+  if scraped then
+    fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
+  else
+    fields[j] = R
+  end
+end
+local cur = redis.call('HMGET', KEYS[1], unpack(fields))
+local function booked(j) if scraped then return cur[2 * j - 1] else return cur[j] end end
+-- The loads go back only when the caller must score again: nothing was
+-- booked, or not its pick.
+local function reply(status, index)
+  local out = {status, index}
+  if status ~= 0 and index == 1 then return out end
+  for j = 1, n do
+    out[2 * j + 1] = booked(j) or false
+    out[2 * j + 2] = (scraped and cur[2 * j]) or false
+  end
+  return out
+end
+local body = redis.call('HGET', KEYS[2], id)
+if body then
+  local R = string.match(body, '^([^,]*),')
+  for j = 1, n do
+    if ARGV[7 + 3 * j] == R then return reply(2, j) end
+  end
+  return reply(2, 0)
+end
+local best, bestCost, bestBlocks, bestLoad
+for j = 1, n do
+  local p, d, q, v = 0, 0, 0, 0
+  local b = booked(j)
+  if b then
+    local a1, a2, a3, a4 = string.match(b, '^(%d+),(%d+),(%d+),(%d+)$')
+    p, d, q, v = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
+  end
+  local reqs = q
+  if scraped and cur[2 * j] then
+    local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
+    if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
+  end
+  local adj = (p + blocks) - tonumber(ARGV[9 + 3 * j])
+  if adj < 0 then adj = 0 end
+  local cost = scale * adj + (d + active) + weight * reqs
+  local l = p + d
+  if best == nil or cost < bestCost - eps or (math.abs(cost - bestCost) <= eps and l < bestBlocks - eps) then
+    best, bestCost, bestBlocks, bestLoad = j, cost, l, {p, d, q, v}
+  end
+end
+if not (bestCost < bound - eps) then return reply(0, 0) end
+local R, pre = ARGV[7 + 3 * best], tonumber(ARGV[8 + 3 * best])
+local ld = bestLoad
+local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
+redis.call('HSET', KEYS[1], R, value)
+redis.call('HSET', KEYS[2], id, R .. ',' .. pre .. ',' .. dec .. ',0')
+redis.call('ZADD', KEYS[3], exp, id)
+if scraped then cur[2 * best - 1] = value else cur[best] = value end
+return reply(1, best)

@@ -1,0 +1,165 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// kvCost is ChoiceCost with DefaultConfig's kv weights.
+func kvCost(blocks, active float64) kvroute.ChoiceCost {
+	c := scoring.DefaultConfig()
+	return kvroute.ChoiceCost{PrefillScale: c.PrefillLoadScale, RequestWeight: c.DecodeRequestWeight,
+		Blocks: blocks, Active: active, Bound: math.Inf(1), Eps: 1e-9}
+}
+
+// TestReserveBest: the booking lands on the cheapest choice by the loads
+// at that moment, ties going to the less loaded and then to the earlier
+// choice; nothing is booked when the cheapest is not under the bound; a
+// request is never booked twice.
+func TestReserveBest(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		// a owes 10 prefill blocks, b 2 decode blocks, c nothing.
+		for _, l := range []kvroute.Lease{lease("x1", "a", 10, 0, exp), lease("x2", "b", 0, 2, exp)} {
+			if booked, _, err := e.s.Reserve(ctx, l, -1); err != nil || !booked {
+				t.Fatalf("reserve %s = %v, %v", l.Replica, booked, err)
+			}
+		}
+		for _, tc := range []struct {
+			name    string
+			choices []kvroute.Choice
+			cost    func(kvroute.ChoiceCost) kvroute.ChoiceCost
+			want    string // "" when nothing is booked
+		}{
+			{"the cheapest", []kvroute.Choice{{Replica: "a", PrefillBlocks: 4}, {Replica: "b", PrefillBlocks: 4}}, nil, "b"},
+			{"credit for a cached prefix", []kvroute.Choice{{Replica: "b", PrefillBlocks: 4}, {Replica: "a", PrefillBlocks: 0, Credit: 16}}, nil, "a"},
+			// b: (0 + 4 - 2) + 2 decode; c: (0 + 4) + 0 decode. Both 4.
+			{"equal cost goes to the less loaded", []kvroute.Choice{{Replica: "b", PrefillBlocks: 2, Credit: 2}, {Replica: "c", PrefillBlocks: 4}},
+				func(c kvroute.ChoiceCost) kvroute.ChoiceCost { c.PrefillScale = 1; return c }, "c"},
+			{"a tie goes to the earlier choice", []kvroute.Choice{{Replica: "d", PrefillBlocks: 4}, {Replica: "c", PrefillBlocks: 4}}, nil, "d"},
+			{"not under the bound", []kvroute.Choice{{Replica: "a", PrefillBlocks: 4}, {Replica: "b", PrefillBlocks: 4}},
+				func(c kvroute.ChoiceCost) kvroute.ChoiceCost { c.Bound = 2 + c.Active + 2*c.Blocks; return c }, ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				cost := kvCost(4, 1)
+				if tc.cost != nil {
+					cost = tc.cost(cost)
+				}
+				before := map[string]kvroute.Load{}
+				for _, c := range tc.choices {
+					before[c.Replica] = loadOf(t, e, c.Replica)
+				}
+				l := lease("best-"+tc.name, "", 0, 1, exp)
+				j, loads, err := e.s.ReserveBest(ctx, l, tc.choices, cost)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := ""
+				if j >= 0 {
+					got = tc.choices[j].Replica
+				}
+				if got != tc.want {
+					t.Fatalf("booked %q (index %d), want %q", got, j, tc.want)
+				}
+				for i, c := range tc.choices {
+					want := before[c.Replica]
+					if c.Replica == tc.want {
+						want.PrefillBlocks += c.PrefillBlocks
+						want.DecodeBlocks++
+						want.Requests++
+						want.Version++
+					}
+					if got := loadOf(t, e, c.Replica); got != want {
+						t.Errorf("%s: store has %+v, want %+v", c.Replica, got, want)
+					}
+					// The loads are answered unless the first choice was
+					// booked (the caller's own pick).
+					switch {
+					case j == 0 && loads != nil:
+						t.Errorf("answered loads %+v for the first choice, want none", loads)
+					case j != 0 && loads[i] != want:
+						t.Errorf("%s: answered %+v, want %+v", c.Replica, loads[i], want)
+					}
+				}
+				if tc.want == "" {
+					return
+				}
+				// A retry of the same request books nothing more.
+				again, _, err := e.s.ReserveBest(ctx, l, tc.choices, cost)
+				if err != nil || again != j {
+					t.Errorf("retry = %d, %v; want %d, nothing booked", again, err, j)
+				}
+				if ok, err := e.s.Release(ctx, l.RequestID); err != nil || !ok {
+					t.Errorf("release = %v, %v", ok, err)
+				}
+			})
+		}
+	})
+}
+
+// TestReserveBestScoresAsScoring: on unchanged loads the script books what
+// scoring.Pick picks, over random fleets (loads, scraped requests, cached
+// prefixes, weights): the script's cost is the router's, to the bit.
+func TestReserveBestScoresAsScoring(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(8, 8))
+		exp := e.clk.Now().Add(time.Hour)
+		reps := replicaNames(6)
+		for trial := range 60 {
+			for i, r := range reps {
+				l := lease(fmt.Sprintf("t%d-%d", trial, i), r, rng.Int64N(200), rng.Int64N(50), exp)
+				if _, _, err := e.s.Reserve(ctx, l, -1); err != nil {
+					t.Fatal(err)
+				}
+				if rng.IntN(2) == 0 {
+					if err := e.s.SetScraped(ctx, mdl, r, rng.Int64N(5), rng.Int64N(5), 0.5); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			cfg := scoring.DefaultConfig()
+			cfg.DecodeRequestWeight = float64(rng.IntN(3))
+			cfg.PrefillLoadScale = 0.5 + rng.Float64()*2
+			blocks := 1 + rng.IntN(64)
+			req := scoring.Request{Blocks: blocks, ActiveBlocks: float64(rng.IntN(8))}
+			loads, err := e.s.Loads(ctx, mdl, reps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cands := make([]scoring.Candidate, len(reps))
+			choices := make([]kvroute.Choice, len(reps))
+			for i, r := range reps {
+				gpu := rng.IntN(blocks + 1)
+				l := loads[i]
+				cands[i] = scoring.Candidate{ID: r, Routable: true, GPU: gpu, Any: gpu, Load: scoring.Load{
+					Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: float64(max(l.Requests, l.Running+l.Waiting))}}
+				choices[i] = kvroute.Choice{Replica: r, PrefillBlocks: int64(blocks - gpu), Credit: cfg.OverlapCredit * float64(gpu)}
+			}
+			res, err := scoring.Pick(cfg, req, cands, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The router lists its pick first.
+			p := res.Pick
+			choices[0], choices[p] = choices[p], choices[0]
+			cost := kvroute.ChoiceCost{PrefillScale: cfg.PrefillLoadScale, RequestWeight: cfg.DecodeRequestWeight,
+				Blocks: float64(blocks), Active: req.ActiveBlocks, Bound: math.Inf(1), Eps: 1e-9}
+			j, _, err := e.s.ReserveBest(ctx, lease(fmt.Sprintf("t%d-best", trial), "", 0, 1, exp), choices, cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j != 0 {
+				t.Fatalf("trial %d: booked %s, scoring picked %s (scores %+v)", trial, choices[j].Replica, reps[p], res.Scores)
+			}
+		}
+	})
+}
