@@ -64,48 +64,56 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
 			ifVersion, within = -1, nil
 		}
-		rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
-		sctx, cancel := r.storeCtx(rctx)
-		var booked bool
-		var cur kvroute.Load
-		if within != nil {
-			booked, cur, err = r.idx.ReserveWithin(sctx, out.Lease, *within)
-		} else {
-			booked, cur, err = r.idx.Reserve(sctx, out.Lease, ifVersion)
-		}
-		cancel()
-		st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
-		if err != nil {
-			if errors.Is(err, kvroute.ErrUnavailable) {
-				return out, err // as the store said it: the degraded reason quotes it
+		if cands, choices, cost, ok := r.settle(in, out); ok && ifVersion >= 0 {
+			// The store books the cheapest of the pick and its nearest
+			// rivals by their loads as they are (settle.go).
+			j, err := r.reserveBest(ctx, in, loads, out, cands, choices, cost, attempt, tm)
+			switch {
+			case err != nil:
+				return out, reserveErr(err)
+			case j == p:
+				return out, nil
+			case j >= 0:
+				o, err := DecideAs(r.cfg, in, j)
+				if err != nil {
+					return out, fmt.Errorf("router: %w", err)
+				}
+				return o, nil
 			}
-			return out, fmt.Errorf("router: reserve: %w", err)
-		}
-		if booked {
-			return out, nil
-		}
-		// Another pod booked first: a burst is under way. The refusal
-		// carries this replica's load as it is now: score again with it.
-		// If the pick stays (the common case: losing the race did not
-		// change which replica is cheapest, and in a burst the others'
-		// loads only grow), book it again at once.
-		loads[p] = cur
-		in.Candidates[p].Load = scoringLoad(cur)
-		if out, err = decide(); err != nil {
-			return out, err
-		}
-		if out.Pick == p {
-			// Book it at any load up to where it would stop winning, so
-			// that the next attempt does not lose to the next booking.
-			within = r.slack(in, out, cur)
-			continue
+			// The cheapest of them was not under the cheapest left out:
+			// read every load and score again.
+		} else {
+			booked, cur, err := r.reserve(ctx, out, ifVersion, within, attempt, tm)
+			if err != nil {
+				return out, reserveErr(err)
+			}
+			if booked {
+				return out, nil
+			}
+			// Another pod booked first: a burst is under way. The refusal
+			// carries this replica's load as it is now: score again with
+			// it. If the pick stays (the common case: losing the race did
+			// not change which replica is cheapest, and in a burst the
+			// others' loads only grow), book it again at once.
+			loads[p] = cur
+			in.Candidates[p].Load = scoringLoad(cur)
+			if out, err = decide(); err != nil {
+				return out, err
+			}
+			if out.Pick == p {
+				// Book it at any load up to where it would stop winning,
+				// so that the next attempt does not lose to the next
+				// booking.
+				within = r.slack(in, out, cur)
+				continue
+			}
 		}
 		within = nil
 		// The pick moves: every candidate's load may have moved, not only
 		// this one's. Re-read them all and score again, so that the burst
 		// places as the same decisions made one after another would.
 		lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
-		sctx, cancel = r.storeCtx(lctx)
+		sctx, cancel := r.storeCtx(lctx)
 		fresh, err := r.idx.Loads(sctx, model, ids)
 		cancel()
 		st.end(err)
@@ -121,6 +129,63 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		}
 		within = r.slack(in, out, loads[out.Pick])
 	}
+}
+
+// reserve books out's lease on its pick, on the load's version as scored
+// (any when ifVersion < 0) or within bounds.
+func (r *Router) reserve(ctx context.Context, out Outcome, ifVersion int64, within *kvroute.Load, attempt int, tm *Stages) (bool, kvroute.Load, error) {
+	rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
+	sctx, cancel := r.storeCtx(rctx)
+	defer cancel()
+	var booked bool
+	var cur kvroute.Load
+	var err error
+	if within != nil {
+		booked, cur, err = r.idx.ReserveWithin(sctx, out.Lease, *within)
+	} else {
+		booked, cur, err = r.idx.Reserve(sctx, out.Lease, ifVersion)
+	}
+	st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
+	return booked, cur, err
+}
+
+// reserveBest leaves the booking to the store (settle.go) and returns the
+// candidate it booked (an index of in.Candidates), or -1 when it booked
+// none. The loads the store found are written to loads and in: they are
+// the freshest there are.
+func (r *Router) reserveBest(ctx context.Context, in Input, loads []kvroute.Load, out Outcome, cands []int, choices []kvroute.Choice, cost kvroute.ChoiceCost, attempt int, tm *Stages) (int, error) {
+	rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
+	sctx, cancel := r.storeCtx(rctx)
+	defer cancel()
+	j, cur, err := r.idx.ReserveBest(sctx, out.Lease, choices, cost)
+	booked := ""
+	if err == nil && j >= 0 && j < len(choices) {
+		booked = choices[j].Replica
+	}
+	st.end(err, attribute.String("kvroute.replica", booked), attribute.Bool("kvroute.booked", booked != ""),
+		attribute.Int("kvroute.attempt", attempt), attribute.Int("kvroute.choices", len(choices)))
+	if err != nil {
+		return -1, err
+	}
+	if len(cur) == len(cands) {
+		for k, i := range cands {
+			loads[i] = cur[k]
+			in.Candidates[i].Load = scoringLoad(cur[k])
+		}
+	}
+	if booked == "" {
+		return -1, nil
+	}
+	return cands[j], nil
+}
+
+// reserveErr is a failed booking as the router returns it: an unreachable
+// store as the store said it (the degraded reason quotes it).
+func reserveErr(err error) error {
+	if errors.Is(err, kvroute.ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("router: reserve: %w", err)
 }
 
 // slack bounds the pick's load (cur, the load it was scored with) at which

@@ -93,6 +93,29 @@ func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
 	if err != nil {
 		return Outcome{Result: res}, err
 	}
+	return outcome(cfg, in, res, maxTokens, decode), nil
+}
+
+// DecideAs is the Outcome of booking candidate p, scored as Decide scores
+// (ties broken by order): what a decision answers when the store settled
+// a contested booking on another candidate than the one it picked. It is
+// pure.
+func DecideAs(cfg Config, in Input, p int) (Outcome, error) {
+	sc, sreq, cands, maxTokens, decode := scoringInput(cfg, in)
+	res, err := scoring.Pick(sc, sreq, cands, nil)
+	if err != nil {
+		return Outcome{Result: res}, err
+	}
+	if p < 0 || p >= len(cands) || !cands[p].Routable {
+		return Outcome{Result: res}, fmt.Errorf("router: candidate %d is not routable", p)
+	}
+	res.Pick = p
+	return outcome(cfg, in, res, maxTokens, decode), nil
+}
+
+// outcome completes a decision on res's pick: the lease to book, the
+// match it answers with, the approximate record.
+func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int64) Outcome {
 	p := res.Pick
 	s := res.Scores[p]
 	out := Outcome{Pick: p, Result: res, Matched: max(s.GPU, s.Any)}
@@ -110,7 +133,7 @@ func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
 		Expires: in.Now.Add(LeaseTTL(cfg, in.PromptTokens, maxTokens)),
 	}
 	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
-	return out, nil
+	return out
 }
 
 // scoringInput is what scoring sees of a decision's input, and the

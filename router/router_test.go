@@ -92,6 +92,39 @@ func TestRoute(t *testing.T) {
 			}
 		}
 	})
+	t.Run("a contested booking is settled in the store", func(t *testing.T) {
+		// r0 is the obvious pick until another pod books it heavily
+		// between this decision's read and its booking: the store books
+		// the cheapest by the loads it finds, r1, in the same call.
+		mem := mock.NewMemory(fleet(2, true)...)
+		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 5})
+		idx := mem.Index()
+		best, calls := idx.ReserveBestFn, 0
+		idx.ReserveBestFn = func(ctx context.Context, l kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error) {
+			if calls++; calls == 1 {
+				cur := mem.Load("r0")
+				cur.PrefillBlocks += 1000
+				cur.Version++
+				mem.SetLoad("r0", cur)
+			}
+			return best(ctx, l, choices, cost)
+		}
+		idx.ReserveFn = func(context.Context, kvroute.Lease, int64) (bool, kvroute.Load, error) {
+			t.Error("booked on a version: the store should have settled it")
+			return false, kvroute.Load{}, nil
+		}
+		r := newRouter(t, idx, mem.Registry(), time.Now)
+		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Replica.ID != "r1" || calls != 1 {
+			t.Errorf("picked %s in %d bookings, want r1 in one", d.Replica.ID, calls)
+		}
+		if got := mem.Load("r1"); got.Requests != 1 || got.PrefillBlocks != 5+4 {
+			t.Errorf("r1 load = %+v, want this request's 4 prefill blocks and 1 request booked on it", got)
+		}
+	})
 	t.Run("lost booking race re-scores", func(t *testing.T) {
 		mem := mock.NewMemory(fleet(2, true)...)
 		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 5}) // r0 is the obvious pick...
@@ -108,7 +141,8 @@ func TestRoute(t *testing.T) {
 			return reserve(ctx, l, ifVersion)
 		}
 		r := newRouter(t, idx, mem.Registry(), time.Now)
-		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+		// least-load: a policy the store does not settle.
+		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64), Policy: "least-load"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +175,7 @@ func TestRoute(t *testing.T) {
 			return reserve(ctx, l, ifVersion)
 		}
 		r := newRouter(t, idx, mem.Registry(), time.Now)
-		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64), Policy: "least-load"})
 		if err != nil {
 			t.Fatal(err)
 		}

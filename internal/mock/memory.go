@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 
@@ -58,6 +59,7 @@ func (m *Memory) Index() *Index {
 		LookupFn:        m.lookup,
 		ReserveFn:       m.reserve,
 		ReserveWithinFn: m.reserveWithin,
+		ReserveBestFn:   m.reserveBest,
 		RecordApproxFn:  m.recordApprox,
 		AdvanceFn:       m.advance,
 		ReleaseFn:       m.release,
@@ -187,6 +189,51 @@ func (m *Memory) book(_ context.Context, l kvroute.Lease, ifVersion int64, withi
 	m.loads[l.Replica] = cur
 	m.leases[l.RequestID] = l
 	return true, cur, nil
+}
+
+// reserveBest is the store's reservebest.lua: the cheapest choice by the
+// loads as they are, ties to the less loaded, then the earlier.
+func (m *Memory) reserveBest(_ context.Context, l kvroute.Lease, choices []kvroute.Choice, c kvroute.ChoiceCost) (int, []kvroute.Load, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.unavailable(); err != nil {
+		return -1, nil, err
+	}
+	loads := make([]kvroute.Load, len(choices))
+	for j, ch := range choices {
+		loads[j] = m.loads[ch.Replica]
+	}
+	if held, ok := m.leases[l.RequestID]; ok {
+		for j, ch := range choices {
+			if ch.Replica == held.Replica {
+				return j, loads, nil
+			}
+		}
+		return -1, loads, nil
+	}
+	best, bestCost, bestBlocks := -1, 0.0, 0.0
+	for j, ch := range choices {
+		cur := loads[j]
+		adj := max(0, float64(cur.PrefillBlocks)+c.Blocks-ch.Credit)
+		cost := c.PrefillScale*adj + (float64(cur.DecodeBlocks) + c.Active) + c.RequestWeight*float64(max(cur.Requests, cur.Running+cur.Waiting))
+		blocks := float64(cur.PrefillBlocks + cur.DecodeBlocks)
+		if best < 0 || cost < bestCost-c.Eps || (math.Abs(cost-bestCost) <= c.Eps && blocks < bestBlocks-c.Eps) {
+			best, bestCost, bestBlocks = j, cost, blocks
+		}
+	}
+	if !(bestCost < c.Bound-c.Eps) {
+		return -1, loads, nil
+	}
+	cur := loads[best]
+	cur.PrefillBlocks += choices[best].PrefillBlocks
+	cur.DecodeBlocks += l.DecodeBlocks
+	cur.Requests++
+	cur.Version++
+	m.loads[choices[best].Replica] = cur
+	loads[best] = cur
+	l.Replica, l.PrefillBlocks = choices[best].Replica, choices[best].PrefillBlocks
+	m.leases[l.RequestID] = l
+	return best, loads, nil
 }
 
 func (m *Memory) recordApprox(_ context.Context, _, replica string, keys []kvroute.BlockKey) error {

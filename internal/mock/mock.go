@@ -39,10 +39,13 @@ type Index struct {
 	// ReserveWithinFn answers ReserveWithin; nil books unconditionally
 	// through ReserveFn.
 	ReserveWithinFn func(ctx context.Context, lease kvroute.Lease, max kvroute.Load) (bool, kvroute.Load, error)
-	RecordApproxFn  func(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
-	AdvanceFn       func(ctx context.Context, requestID string) (bool, error)
-	ReleaseFn       func(ctx context.Context, requestID string) (bool, error)
-	LoadsFn         func(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
+	// ReserveBestFn answers ReserveBest; nil books the first choice
+	// unconditionally through ReserveFn.
+	ReserveBestFn  func(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error)
+	RecordApproxFn func(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
+	AdvanceFn      func(ctx context.Context, requestID string) (bool, error)
+	ReleaseFn      func(ctx context.Context, requestID string) (bool, error)
+	LoadsFn        func(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
 // Lookup calls LookupFn.
@@ -53,6 +56,22 @@ func (i *Index) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 // Reserve calls ReserveFn.
 func (i *Index) Reserve(ctx context.Context, lease kvroute.Lease, ifVersion int64) (bool, kvroute.Load, error) {
 	return i.ReserveFn(ctx, lease, ifVersion)
+}
+
+// ReserveBest calls ReserveBestFn, or books the first choice through
+// ReserveFn unconditionally (the other choices' loads then read as zero).
+func (i *Index) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error) {
+	if i.ReserveBestFn != nil {
+		return i.ReserveBestFn(ctx, lease, choices, cost)
+	}
+	lease.Replica, lease.PrefillBlocks = choices[0].Replica, choices[0].PrefillBlocks
+	_, cur, err := i.ReserveFn(ctx, lease, -1)
+	if err != nil {
+		return -1, nil, err
+	}
+	loads := make([]kvroute.Load, len(choices))
+	loads[0] = cur
+	return 0, loads, nil
 }
 
 // ReserveWithin calls ReserveWithinFn, or ReserveFn unconditionally.
