@@ -277,6 +277,9 @@ func TestScriptKeys(t *testing.T) {
 			}
 			continue
 		}
+		if name == "TIME" {
+			continue // touches no key (lib.lua's bumpSlots)
+		}
 		cmds++
 		call := make([]any, 0, len(args)+2)
 		call = append(call, "command", "getkeys")

@@ -16,31 +16,91 @@ import (
 // of distinct answers, not with len(keys) nor with the number of candidates
 // that share an answer: see lua/lookup.lua.
 func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
-	n := len(replicas)
-	if n == 0 {
+	if len(replicas) == 0 {
 		return nil, nil, nil
 	}
-	// The search runs as a script; the candidates' loads and slots are one
-	// plain HMGET in the same pipeline (one round trip): Redis converts a
-	// long reply into Lua values far slower than it sends it to a client.
-	fields := make([]string, 0, 3*n)
-	for _, r := range replicas {
-		fields = append(fields, r, r+"#s", r+"#i")
+	ov, loads, stale, err := s.lookup(ctx, model, keys, replicas, true)
+	if stale {
+		// A slot changed since this pod cached them: read them too.
+		ov, loads, _, err = s.lookup(ctx, model, keys, replicas, false)
 	}
+	return ov, loads, err
+}
+
+// lookup is Lookup, with cached slots when useCache is set and the cache
+// has them; stale reports that '#g' moved since they were cached (the
+// answer is then not given: look up again without the cache).
+func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string, useCache bool) (ov []kvroute.Overlap, loads []kvroute.Load, stale bool, err error) {
+	n := len(replicas)
+	now := s.now()
+	var slots []any
+	var gen any
+	cached := false
+	if useCache {
+		slots, gen, cached = s.slotc.get(model, replicas, now)
+	}
+	// The search runs as a script; the candidates' loads (and slots, when
+	// not cached) are one plain HMGET in the same pipeline (one round
+	// trip): Redis converts a long reply into Lua values far slower than
+	// it sends it to a client.
+	fields := loadFields(replicas, cached)
 	var hints []int32
 	if !s.noHints {
 		hints = s.hints.get(model, keys)
 	}
+	var segs, asegs []any
+	var lv []any
+	plain := false
 	if len(hints) > 0 && len(keys) > 1 && s.fast.try() {
-		ov, loads, ok, err := s.lookupPlain(ctx, model, keys, hints, fields, n)
+		var ok bool
+		segs, asegs, lv, ok, err = s.lookupPlain(ctx, model, keys, hints, fields)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		s.fast.result(ok)
-		if ok {
-			return ov, loads, nil
+		plain = ok
+	}
+	if !plain {
+		if segs, asegs, lv, err = s.lookupScript(ctx, model, keys, hints, fields); err != nil {
+			return nil, nil, false, err
+		}
+		if !s.noHints {
+			s.hints.put(model, keys, segs)
 		}
 	}
+	if len(lv) != len(fields) {
+		return nil, nil, false, fmt.Errorf("store: lookup: short reply (%d load fields for %d replicas)", len(lv), n)
+	}
+	g := lv[len(lv)-1]
+	switch {
+	case cached && g != gen:
+		return nil, nil, true, nil
+	case !cached:
+		slots = lv[2*n : 3*n]
+		s.slotc.put(model, replicas, slots, g, now)
+	}
+	ov, loads, err = decodeLookup(segs, asegs, lv[:2*n], slots, replicas)
+	return ov, loads, false, err
+}
+
+// loadFields are the load hash fields a lookup reads: every replica's
+// booked and scraped load, then (unless the slots are cached) every
+// replica's slot, then '#g', which says whether cached slots still hold.
+func loadFields(replicas []string, cachedSlots bool) []string {
+	fields := make([]string, 0, 3*len(replicas)+1)
+	for _, r := range replicas {
+		fields = append(fields, r, r+"#s")
+	}
+	if !cachedSlots {
+		for _, r := range replicas {
+			fields = append(fields, r+"#i")
+		}
+	}
+	return append(fields, "#g")
+}
+
+// lookupScript runs lookup.lua, pipelined with the load fields' HMGET.
+func (s *Store) lookupScript(ctx context.Context, model string, keys []kvroute.BlockKey, hints []int32, fields []string) (segs, asegs, lv []any, err error) {
 	args := []any{strconv.FormatInt(ms(s.now()), 10), keyBytes(keys)}
 	for _, h := range hints {
 		args = append(args, strconv.Itoa(int(h)))
@@ -60,52 +120,46 @@ func (s *Store) Lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 		})
 		return err
 	}
-	err := run(true)
+	err = run(true)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		err = run(false)
 	}
 	if err != nil {
-		return nil, nil, wrap("lookup", err)
+		return nil, nil, nil, wrap("lookup", err)
 	}
 	v, err := res.Slice()
 	if err != nil {
-		return nil, nil, wrap("lookup", err)
+		return nil, nil, nil, wrap("lookup", err)
 	}
-	lv, err := lres.Result()
-	if err != nil {
-		return nil, nil, wrap("lookup", err)
+	if lv, err = lres.Result(); err != nil {
+		return nil, nil, nil, wrap("lookup", err)
 	}
 	if len(v) != 2 {
-		return nil, nil, fmt.Errorf("store: lookup: unexpected reply of %d values", len(v))
+		return nil, nil, nil, fmt.Errorf("store: lookup: unexpected reply of %d values", len(v))
 	}
-	segs, _ := v[0].([]any)
-	asegs, _ := v[1].([]any)
-	if !s.noHints {
-		s.hints.put(model, keys, segs)
-	}
-	if len(lv) != 3*n {
-		return nil, nil, fmt.Errorf("store: lookup: short reply (%d load fields for %d replicas)", len(lv), n)
-	}
-	return decodeLookup(segs, asegs, lv, n, fields)
+	segs, _ = v[0].([]any)
+	asegs, _ = v[1].([]any)
+	return segs, asegs, lv, nil
 }
 
-// decodeLookup turns a lookup's segments and the candidates' load and slot
-// fields (three per replica, as Lookup reads them) into its answer.
-func decodeLookup(segs, asegs []any, lv []any, n int, fields []string) ([]kvroute.Overlap, []kvroute.Load, error) {
+// decodeLookup turns a lookup's segments, the candidates' load fields (two
+// per replica) and their slots into its answer.
+func decodeLookup(segs, asegs []any, lv, slots []any, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
+	n := len(replicas)
 	ov := make([]kvroute.Overlap, n)
 	loads := make([]kvroute.Load, n)
 	for i := range ov {
 		var err error
-		if loads[i], err = parseLoad(lv[3*i], lv[3*i+1]); err != nil {
-			return nil, nil, fmt.Errorf("store: lookup: %s: %w", fields[3*i], err)
+		if loads[i], err = parseLoad(lv[2*i], lv[2*i+1]); err != nil {
+			return nil, nil, fmt.Errorf("store: lookup: %s: %w", replicas[i], err)
 		}
-		str, ok := lv[3*i+2].(string)
+		str, ok := slots[i].(string)
 		if !ok {
 			continue // never stored nor recorded: holds nothing
 		}
 		slot, err := strconv.Atoi(str)
 		if err != nil {
-			return nil, nil, fmt.Errorf("store: lookup: %s: bad slot %q", fields[3*i], str)
+			return nil, nil, fmt.Errorf("store: lookup: %s: bad slot %q", replicas[i], str)
 		}
 		ov[i] = overlapOf(slot, segs, asegs)
 	}

@@ -70,9 +70,10 @@ func (f *fastLookup) result(hit bool) {
 	}
 }
 
-// lookupPlain answers Lookup from plain HMGETs when hints prove every run;
-// ok is false when they do not (the caller runs the script).
-func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.BlockKey, hints []int32, fields []string, n int) (ov []kvroute.Overlap, loads []kvroute.Load, ok bool, err error) {
+// lookupPlain reads, with plain HMGETs, the hinted probes of the index and
+// of the approximate entries and the load fields; ok is false when the
+// hints do not prove every run (the caller runs the script).
+func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.BlockKey, hints []int32, fields []string) (segs, asegs, lv []any, ok bool, err error) {
 	last := len(keys) - 1
 	probes := make([]int, 0, len(hints)+2)
 	probes = append(probes, 0)
@@ -90,22 +91,22 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 	}
 	blk, ax, lres := hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
 	if err = s.batch.do(ctx, blk, ax, lres); err != nil {
-		return nil, nil, false, wrap("lookup", err)
+		return nil, nil, nil, false, wrap("lookup", err)
 	}
-	bv, av, lv := blk.Val(), ax.Val(), lres.Val()
-	if len(bv) != len(probes) || len(av) != len(probes) || len(lv) != 3*n {
-		return nil, nil, false, nil
+	bv, av := blk.Val(), ax.Val()
+	if len(bv) != len(probes) || len(av) != len(probes) {
+		return nil, nil, nil, false, nil
 	}
 	vals := make([]string, len(probes))
 	for i, v := range bv {
 		var good bool
 		if vals[i], good = eventValue(v); !good {
-			return nil, nil, false, nil // not a value this code knows: the script decides
+			return nil, nil, nil, false, nil // not a value this code knows: the script decides
 		}
 	}
 	segs, proved := provedSegments(probes, vals)
 	if !proved {
-		return nil, nil, false, nil
+		return nil, nil, nil, false, nil
 	}
 	// Approximate entries, at the same probes: along a chain they only
 	// shrink too (none at the first block means none anywhere).
@@ -113,14 +114,12 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 	for i, v := range av {
 		vals[i] = axValue(v, now)
 	}
-	var asegs []any
 	if vals[0] != "" {
 		if asegs, proved = provedSegments(probes, vals); !proved {
-			return nil, nil, false, nil
+			return nil, nil, nil, false, nil
 		}
 	}
-	ov, loads, err = decodeLookup(segs, asegs, lv, n, fields)
-	return ov, loads, err == nil, err
+	return segs, asegs, lres.Val(), true, nil
 }
 
 // provedSegments is lookup.lua's first level: between consecutive probes

@@ -101,6 +101,8 @@ type Store struct {
 	fast fastLookup
 	// batch coalesces the decision path's commands (batch.go).
 	batch batcher
+	// slotc caches replicas' slots for lookups (slots.go).
+	slotc slotCache
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.

@@ -24,7 +24,7 @@
 -- is byte SI (1-based) of a bitmap, bit value SM (1 << slot%8).
 
 local BLK = KEYS[1]
-local SLOTS = KEYS[2] -- slots live beside the loads: R..'#i' -> slot, '#n' next slot
+local SLOTS = KEYS[2] -- slots live beside the loads: R..'#i' -> slot, '#n' next slot, '#g' changes
 local SLOTFREE = KEYS[3]
 -- The children sets P..'k:'..<key> are found while walking the tree, so
 -- no caller can name them in advance: they are the one family of keys not
@@ -68,6 +68,15 @@ local function put(bm, on)
   return sub(bm, 1, n)
 end
 
+-- bumpSlots marks a change of slots: pods cache every replica's slot and
+-- check '#g' with each lookup (lookup.go). It is the server's time and the
+-- slot count, so that a store rebuilt from empty never repeats a value a
+-- pod has cached.
+local function bumpSlots()
+  local t = redis.call('TIME')
+  redis.call('HSET', SLOTS, '#g', t[1] .. '.' .. t[2] .. '.' .. (redis.call('HGET', SLOTS, '#n') or '0'))
+end
+
 -- slotOf returns R's slot (field R..'#i' of the load hash, so that Lookup
 -- reads slots and loads with one HMGET) (allocating one when create is set: a slot freed
 -- by a purge is reused once its approximate entries have all expired), or
@@ -91,6 +100,7 @@ local function slotOf(create, now)
     -- real hash table: as a listpack (up to 512 fields on some servers)
     -- every HMGET field is a linear scan, 1.3 ms for 256 replicas.
     redis.call('HSET', SLOTS, RI, s, '#ht', string.rep('-', 80))
+    bumpSlots()
   end
   s = tonumber(s)
   useSlot(s)

@@ -15,6 +15,7 @@ end
 redis.call('DEL', KEYS[5])
 redis.call('DEL', KEYS[4])
 redis.call('HDEL', SLOTS, R, R .. '#s', RI, R .. '#x')
+if s then bumpSlots() end
 local lb = KEYS[6]
 local bodies = redis.call('HGETALL', lb)
 local dropped = 0
