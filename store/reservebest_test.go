@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -99,6 +100,38 @@ func TestReserveBest(t *testing.T) {
 				}
 				if ok, err := e.s.Release(ctx, l.RequestID); err != nil || !ok {
 					t.Errorf("release = %v, %v", ok, err)
+				}
+			})
+		}
+	})
+}
+
+// TestReserveBestRejects: a booking no script may be given is an error
+// naming the field, and books nothing.
+func TestReserveBestRejects(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		ok := []kvroute.Choice{{Replica: "a", PrefillBlocks: 1}}
+		for _, tc := range []struct {
+			name    string
+			lease   kvroute.Lease
+			choices []kvroute.Choice
+			field   string
+		}{
+			{"no choices", lease("r1", "", 0, 1, exp), nil, "replica"},
+			{"a choice without a replica", lease("r2", "", 0, 1, exp), []kvroute.Choice{{PrefillBlocks: 1}}, "replica"},
+			{"negative prefill", lease("r3", "", 0, 1, exp), []kvroute.Choice{{Replica: "a", PrefillBlocks: -1}}, "blocks"},
+			{"an id of another model", kvroute.Lease{RequestID: "x", Model: mdl, DecodeBlocks: 1, Expires: exp}, ok, "request_id"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				_, _, err := e.s.ReserveBest(ctx, tc.lease, tc.choices, kvCost(1, 1))
+				var fe *kvroute.FieldError
+				if !errors.As(err, &fe) || fe.Field != tc.field {
+					t.Errorf("err = %v, want a FieldError on %s", err, tc.field)
+				}
+				if got := loadOf(t, e, "a"); got != (kvroute.Load{}) {
+					t.Errorf("load of a = %+v, want nothing booked", got)
 				}
 			})
 		}

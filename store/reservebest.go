@@ -1,0 +1,69 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ReserveBest books lease on the cheapest of choices by their loads as
+// they are when it runs (cost, see kvroute.ChoiceCost): the lease's
+// Replica and PrefillBlocks are the chosen one's. It returns the index of
+// the choice booked, or -1 when the cheapest was not under cost.Bound
+// (nothing booked), and every choice's current load so that the caller
+// can score again; none (nil) when it booked the first choice, the
+// caller's own pick. Scraped loads are read, and answered, only when
+// cost.RequestWeight weighs requests. A request id that already holds a lease is
+// not booked twice: the index is its replica's among the choices (-1 if
+// it is none of them).
+func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error) {
+	if len(choices) == 0 {
+		return -1, nil, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "replica", Msg: "is required: no choices"})
+	}
+	for _, c := range choices {
+		l := lease
+		l.Replica, l.PrefillBlocks = c.Replica, c.PrefillBlocks
+		if err := checkLease(l); err != nil {
+			return -1, nil, err
+		}
+	}
+	num := func(f float64) string {
+		// Exact (shortest round-trip) digits, finite, and a mantissa with
+		// a point: the embedded server's Lua reads "1e-09" as no number.
+		v := strconv.FormatFloat(max(min(f, math.MaxFloat64), -math.MaxFloat64), 'g', -1, 64)
+		if i := strings.IndexByte(v, 'e'); i >= 0 && !strings.Contains(v[:i], ".") {
+			v = v[:i] + ".0" + v[i:]
+		}
+		return v
+	}
+	args := make([]any, 0, 9+3*len(choices))
+	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
+		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps))
+	for _, c := range choices {
+		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit))
+	}
+	v, err := s.evalBatched(ctx, scriptReserveBest, leaseKeys(lease.Model), args...).Slice()
+	if err != nil {
+		return -1, nil, wrap("reserve", err)
+	}
+	if len(v) == 2 && asInt(v[0]) != 0 && asInt(v[1]) == 1 {
+		return 0, nil, nil // the caller's own pick, as it scored it
+	}
+	if len(v) != 2+2*len(choices) {
+		return -1, nil, fmt.Errorf("store: reserve: unexpected reply of %d values", len(v))
+	}
+	loads := make([]kvroute.Load, len(choices))
+	for i := range loads {
+		if loads[i], err = parseLoad(v[2+2*i], v[3+2*i]); err != nil {
+			return -1, nil, fmt.Errorf("store: reserve: %s: %w", choices[i].Replica, err)
+		}
+	}
+	if asInt(v[0]) == 0 {
+		return -1, loads, nil
+	}
+	return int(asInt(v[1])) - 1, loads, nil
+}
