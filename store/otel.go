@@ -83,6 +83,9 @@ func (tracingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h tracingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !trace.SpanFromContext(ctx).IsRecording() {
+			return next(ctx, cmd)
+		}
 		name := cmd.FullName()
 		var extra []attribute.KeyValue
 		if n := scriptOf(cmd); n != "" {
