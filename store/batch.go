@@ -17,17 +17,22 @@ import (
 // to go out and share it: one write and one read for all of them, on the
 // pod and on Redis. A decision alone goes out at once, on its own context,
 // so coalescing costs nothing unloaded. It is what a client with automatic
-// pipelining does over one connection; go-redis has none, so the store
-// batches the decision path's commands itself (plain lookups, loads,
-// bookings and their release). A shared pipeline is traced (go-redis's
-// hooks) under the first waiter's span; the others' traces show their
-// wait inside their own stage spans.
+// pipelining does over one connection; go-redis v9.23's AutoPipeline is
+// experimental, so the store batches the decision path's commands itself
+// (plain lookups, loads, bookings and their release), which also lets it
+// keep one batcher per model: a model's commands all go to its slot, so a
+// shard that hangs holds up only its own models' decisions, never another
+// shard's. A shared pipeline is traced (go-redis's hooks) under the first
+// waiter's span; the others' traces show their wait inside their own stage
+// spans.
 
-// coalesced bounds the pipelines a Store has in flight for the decision
-// path. Each is one connection's round trip; a decision that finds them
-// all busy waits at most one round trip to be sent with the others waiting.
-// Fewer means bigger batches and less Redis time per decision, more means
-// less waiting: see BENCHMARKS.md "Coalescing".
+// coalesced bounds the pipelines one model's batcher has in flight. Each
+// is one connection's round trip; a decision that finds them all busy
+// waits for the first to come back (a round trip, or its deadline when
+// the shard hangs) to be sent with the others waiting. Fewer means bigger
+// batches and less Redis time per decision, more means less waiting: with
+// one, two or four the shard's ceiling measured the same within noise
+// (BENCHMARKS.md).
 const coalesced = 4
 
 // batcher sends callers' commands in shared pipelines.
@@ -48,8 +53,10 @@ type batchOp struct {
 
 // do sends cmds and returns when their replies (or errors) are in them. It
 // returns the first command's error, as Pipelined does, or ctx's when ctx
-// ends first; commands still queued then are dropped, and ones already
-// sent finish without anyone reading them.
+// ends first. The caller must not read cmds after an error: when ctx ended
+// first, a command still queued is dropped, but one already sent may be
+// having its reply written (and what it did in Redis stands, as for any
+// command whose caller timed out).
 func (b *batcher) do(ctx context.Context, cmds ...redis.Cmder) error {
 	b.mu.Lock()
 	if b.running < b.max {
@@ -158,10 +165,21 @@ func firstErr(cmds []redis.Cmder) error {
 	return nil
 }
 
-// evalBatched runs script sc through the batcher: EVALSHA, and EVAL alone
-// if the server does not know the script (a restarted or flushed Redis),
-// which also loads it for the next call.
-func (s *Store) evalBatched(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+// batcher is model's batcher (its keys share one slot).
+func (s *Store) batcher(model string) *batcher {
+	if b, ok := s.batches.Load(model); ok {
+		return b.(*batcher)
+	}
+	b, _ := s.batches.LoadOrStore(model, &batcher{c: s.c, max: coalesced})
+	return b.(*batcher)
+}
+
+// evalBatched runs script sc, on model's keys, through model's batcher:
+// EVALSHA, and EVAL alone if the server does not know the script (a
+// restarted or flushed Redis), which also loads it for the next call. A
+// failed send is a fresh command holding the error: the one sent may still
+// be written to (see do).
+func (s *Store) evalBatched(ctx context.Context, model string, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
 	cmdArgs = append(cmdArgs, "evalsha", sc.Hash(), len(keys))
 	for _, k := range keys {
@@ -169,8 +187,13 @@ func (s *Store) evalBatched(ctx context.Context, sc *redis.Script, keys []string
 	}
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if err := s.batch.do(ctx, cmd); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		return sc.Eval(ctx, s.c, keys, args...)
+	if err := s.batcher(model).do(ctx, cmd); err != nil {
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return sc.Eval(ctx, s.c, keys, args...)
+		}
+		failed := redis.NewCmd(ctx, cmdArgs...)
+		failed.SetErr(err)
+		return failed
 	}
 	return cmd
 }

@@ -68,7 +68,7 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
 			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
 	}
-	v, err := s.evalBatched(ctx, scriptReserve, leaseKeys(lease.Model), args...).Slice()
+	v, err := s.evalBatched(ctx, lease.Model, scriptReserve, leaseKeys(lease.Model), args...).Slice()
 	if err != nil {
 		return false, cur, wrap("reserve", err)
 	}
@@ -107,7 +107,7 @@ func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id stri
 	if !ok {
 		return false, nil // not one of ours: no lease was booked under it
 	}
-	n, err := s.evalBatched(ctx, sc, leaseKeys(model), id).Int()
+	n, err := s.evalBatched(ctx, model, sc, leaseKeys(model), id).Int()
 	if err != nil {
 		return false, wrap(op, err)
 	}
@@ -159,7 +159,7 @@ func (s *Store) Loads(ctx context.Context, model string, replicas []string) ([]k
 		fields = append(fields, r, r+"#s")
 	}
 	cmd := hmget(ctx, loadKey(model), fields)
-	if err := s.batch.do(ctx, cmd); err != nil {
+	if err := s.batcher(model).do(ctx, cmd); err != nil {
 		return nil, wrap("loads", err)
 	}
 	v := cmd.Val()

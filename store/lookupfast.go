@@ -90,7 +90,7 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 		pf[i] = keyField(keys[p])
 	}
 	blk, ax, lres := hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
-	if err = s.batch.do(ctx, blk, ax, lres); err != nil {
+	if err = s.batcher(model).do(ctx, blk, ax, lres); err != nil {
 		return nil, nil, nil, false, wrap("lookup", err)
 	}
 	bv, av := blk.Val(), ax.Val()

@@ -46,7 +46,7 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	for _, c := range choices {
 		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit))
 	}
-	v, err := s.evalBatched(ctx, scriptReserveBest, leaseKeys(lease.Model), args...).Slice()
+	v, err := s.evalBatched(ctx, lease.Model, scriptReserveBest, leaseKeys(lease.Model), args...).Slice()
 	if err != nil {
 		return -1, nil, wrap("reserve", err)
 	}

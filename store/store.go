@@ -99,16 +99,16 @@ type Store struct {
 	noHints bool
 	// fast decides when hinted lookups try plain reads (lookupfast.go).
 	fast fastLookup
-	// batch coalesces the decision path's commands (batch.go).
-	batch batcher
+	// batches coalesces the decision path's commands, one batcher per
+	// model: model -> *batcher (batch.go).
+	batches sync.Map
 	// slotc caches replicas' slots for lookups (slots.go).
 	slotc slotCache
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
 func New(c redis.UniversalClient, opt Options) *Store {
-	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints,
-		batch: batcher{c: c, max: coalesced}}
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints}
 	if s.now == nil {
 		s.now = time.Now
 	}
