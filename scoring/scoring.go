@@ -329,15 +329,19 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 			excess := math.Max(0, c.Load.Prefill-minPrefill) / math.Max(reqBlocks, 1)
 			credit /= 1 + cfg.CreditDecay*excess
 		}
+		// Every product is rounded on its own (an explicit conversion
+		// stops the compiler fusing it into the sum, as it does on arm64):
+		// the store's booking script computes the same cost operation by
+		// operation and must land on the same bits (reservebest.lua).
 		raw := c.Load.Prefill + reqBlocks
-		adjusted := math.Max(0, raw-credit*matched)
+		adjusted := math.Max(0, raw-float64(credit*matched))
 		decode := c.Load.Decode + req.ActiveBlocks
-		reqs := cfg.DecodeRequestWeight * c.Load.Requests
+		reqs := float64(cfg.DecodeRequestWeight * c.Load.Requests)
 		out[i] = Score{
 			ID: c.ID, Eligible: c.Routable, Matched: matched,
 			GPU: c.GPU, Any: c.Any, Approx: c.Approx,
 			Credit: credit, RawPrefill: raw, Prefill: adjusted, Decode: decode, Requests: reqs,
-			Cost: cfg.PrefillLoadScale*adjusted + decode + reqs,
+			Cost: float64(cfg.PrefillLoadScale*adjusted) + decode + reqs,
 		}
 	}
 }

@@ -215,7 +215,7 @@ func (m *Memory) reserveBest(_ context.Context, l kvroute.Lease, choices []kvrou
 	for j, ch := range choices {
 		cur := loads[j]
 		adj := max(0, float64(cur.PrefillBlocks)+c.Blocks-ch.Credit)
-		cost := c.PrefillScale*adj + (float64(cur.DecodeBlocks) + c.Active) + c.RequestWeight*float64(max(cur.Requests, cur.Running+cur.Waiting))
+		cost := float64(c.PrefillScale*adj) + (float64(cur.DecodeBlocks) + c.Active) + float64(c.RequestWeight*float64(max(cur.Requests, cur.Running+cur.Waiting)))
 		blocks := float64(cur.PrefillBlocks + cur.DecodeBlocks)
 		if best < 0 || cost < bestCost-c.Eps || (math.Abs(cost-bestCost) <= c.Eps && blocks < bestBlocks-c.Eps) {
 			best, bestCost, bestBlocks = j, cost, blocks
