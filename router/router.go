@@ -39,8 +39,9 @@ type Index interface {
 	// ReserveBest books a lease on the cheapest of choices by their loads
 	// as they are when it runs (the kv cost, kvroute.ChoiceCost), with the
 	// chosen one's replica and prefill, and returns its index (-1 when the
-	// cheapest is not under cost.Bound: nothing booked) and every
-	// choice's load as it found them.
+	// cheapest is not under cost.Bound: nothing booked) and every choice's
+	// load as it found them, or none when it booked the first choice (the
+	// caller's pick, as scored).
 	ReserveBest(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error)
 	// RecordApprox remembers that replica was sent these keys.
 	RecordApprox(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error

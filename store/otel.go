@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -107,9 +108,14 @@ func (h tracingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		if !trace.SpanFromContext(ctx).IsRecording() {
 			return next(ctx, cmds)
 		}
-		ops := make([]string, len(cmds))
-		for i, cmd := range cmds {
-			ops[i] = operation(cmd)
+		// Named after its distinct operations in order, so that a shared
+		// pipeline (batch.go) of many decisions' commands gets the name of
+		// one decision's.
+		ops := make([]string, 0, 4)
+		for _, cmd := range cmds {
+			if op := operation(cmd); !slices.Contains(ops, op) {
+				ops = append(ops, op)
+			}
 		}
 		ctx, span, _ := h.start(ctx, "redis.pipeline "+strings.Join(ops, " "), attribute.Int("db.redis.num_cmd", len(cmds)))
 		err := next(ctx, cmds)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -18,8 +19,8 @@ import (
 // can score again; none (nil) when it booked the first choice, the
 // caller's own pick. Scraped loads are read, and answered, only when
 // cost.RequestWeight weighs requests. A request id that already holds a lease is
-// not booked twice: the index is its replica's among the choices (-1 if
-// it is none of them).
+// not booked twice: the index is its replica's among the choices, or the
+// error is ErrLeaseElsewhere when it is none of them.
 func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error) {
 	if len(choices) == 0 {
 		return -1, nil, fmt.Errorf("store: reserve: %w", &kvroute.FieldError{Field: "replica", Msg: "is required: no choices"})
@@ -62,8 +63,19 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 			return -1, nil, fmt.Errorf("store: reserve: %s: %w", choices[i].Replica, err)
 		}
 	}
-	if asInt(v[0]) == 0 {
+	switch status, index := asInt(v[0]), asInt(v[1]); {
+	case status == 0:
 		return -1, loads, nil
+	case index < 1 || index > len(choices):
+		// Only a retry of the same request with other choices gets here:
+		// its lease is on a replica the caller no longer offers.
+		return -1, loads, fmt.Errorf("store: reserve: %w", ErrLeaseElsewhere)
+	default:
+		return index - 1, loads, nil
 	}
-	return int(asInt(v[1])) - 1, loads, nil
 }
+
+// ErrLeaseElsewhere is ReserveBest's answer for a request that already
+// holds a lease on a replica that is none of the choices: nothing new is
+// booked, and the caller cannot say where the request should go.
+var ErrLeaseElsewhere = errors.New("the request already holds a lease on another replica")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/store"
 )
 
 // kvCost is ChoiceCost with DefaultConfig's kv weights.
@@ -97,6 +98,13 @@ func TestReserveBest(t *testing.T) {
 				again, _, err := e.s.ReserveBest(ctx, l, tc.choices, cost)
 				if err != nil || again != j {
 					t.Errorf("retry = %d, %v; want %d, nothing booked", again, err, j)
+				}
+				// ... and with choices that leave its replica out, an error.
+				if _, _, err := e.s.ReserveBest(ctx, l, []kvroute.Choice{{Replica: "z", PrefillBlocks: 1}}, cost); !errors.Is(err, store.ErrLeaseElsewhere) {
+					t.Errorf("retry elsewhere: err = %v, want ErrLeaseElsewhere", err)
+				}
+				if got := loadOf(t, e, "z"); got != (kvroute.Load{}) {
+					t.Errorf("z = %+v after a retry elsewhere, want nothing booked", got)
 				}
 				if ok, err := e.s.Release(ctx, l.RequestID); err != nil || !ok {
 					t.Errorf("release = %v, %v", ok, err)

@@ -14,8 +14,9 @@ import (
 // bumpSlots): a lookup reads '#g' with the loads, in the same HMGET, and
 // uses the cached slots only when it is unchanged, so they are exactly the
 // slots of the loads it read. Otherwise it reads the slots too, as before.
-// The cache is also re-read after slotTTL, which bounds what a server
-// whose scripts do not yet bump '#g' (a rolling upgrade) can hide.
+// Each cached slot is also read again slotTTL after it was read, which
+// bounds what a server whose scripts do not yet bump '#g' (a rolling
+// upgrade) can hide.
 
 // slotTTL bounds how long cached slots are used without reading them.
 const slotTTL = time.Second
@@ -28,29 +29,36 @@ type slotCache struct {
 
 type modelSlots struct {
 	gen   any // '#g' as read with them (nil: never written)
-	read  time.Time
-	slots map[string]any // replica -> its '#i' value (nil: none)
+	slots map[string]cachedSlot
+}
+
+type cachedSlot struct {
+	v    any // the replica's '#i' value (nil: none)
+	read time.Time
 }
 
 // get returns replicas' cached slots and the '#g' they were read with, or
-// ok false when any is not cached or the cache is too old.
+// ok false when any is not cached or was read more than slotTTL ago.
 func (c *slotCache) get(model string, replicas []string, now time.Time) (slots []any, gen any, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := c.models[model]
-	if m == nil || now.Sub(m.read) > slotTTL || now.Before(m.read) {
+	if m == nil {
 		return nil, nil, false
 	}
 	slots = make([]any, len(replicas))
 	for i, r := range replicas {
-		if slots[i], ok = m.slots[r]; !ok {
+		e, found := m.slots[r]
+		if !found || now.Sub(e.read) > slotTTL || now.Before(e.read) {
 			return nil, nil, false
 		}
+		slots[i] = e.v
 	}
 	return slots, m.gen, true
 }
 
-// put files replicas' slots as read with gen at now.
+// put files replicas' slots as read with gen at now. Slots cached with
+// another '#g' are dropped: they may no longer hold.
 func (c *slotCache) put(model string, replicas []string, slots []any, gen any, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -58,12 +66,11 @@ func (c *slotCache) put(model string, replicas []string, slots []any, gen any, n
 		c.models = map[string]*modelSlots{}
 	}
 	m := c.models[model]
-	if m == nil || m.gen != gen || now.Sub(m.read) > slotTTL {
-		m = &modelSlots{slots: make(map[string]any, len(replicas))}
+	if m == nil || m.gen != gen {
+		m = &modelSlots{gen: gen, slots: make(map[string]cachedSlot, len(replicas))}
 		c.models[model] = m
 	}
-	m.gen, m.read = gen, now
 	for i, r := range replicas {
-		m.slots[r] = slots[i]
+		m.slots[r] = cachedSlot{v: slots[i], read: now}
 	}
 }
