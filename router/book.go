@@ -53,8 +53,11 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		return out, err
 	}
 	// within bounds the pick's load at which it still wins (nil: book on
-	// the version scored).
-	within := r.slack(in, out, loads[out.Pick])
+	// the version scored). It is worked out only for a booking the store
+	// does not settle: slackDue says the pick's slack at its load as read
+	// is still to be found.
+	var within *kvroute.Load
+	slackDue := true
 	for attempt := 0; ; attempt++ {
 		// After a few lost races the booking goes through regardless: a
 		// decision must finish, and the loser's view is at most a few
@@ -62,7 +65,7 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		p := out.Pick
 		ifVersion := loads[p].Version
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
-			ifVersion, within = -1, nil
+			ifVersion, within, slackDue = -1, nil, false
 		}
 		if cands, choices, cost, ok := r.settle(in, out); ok && ifVersion >= 0 {
 			// The store books the cheapest of the pick and its nearest
@@ -83,6 +86,9 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 			// The cheapest of them was not under the cheapest left out:
 			// read every load and score again.
 		} else {
+			if slackDue {
+				within, slackDue = r.slack(in, out, loads[p]), false
+			}
 			booked, cur, err := r.reserve(ctx, out, ifVersion, within, attempt, tm)
 			if err != nil {
 				return out, reserveErr(err)
@@ -127,7 +133,7 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		if out, err = decide(); err != nil {
 			return out, err
 		}
-		within = r.slack(in, out, loads[out.Pick])
+		slackDue = true
 	}
 }
 

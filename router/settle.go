@@ -73,8 +73,9 @@ func (r *Router) settle(in Input, out Outcome) (cands []int, choices []kvroute.C
 		s := scores[i]
 		choices[j] = kvroute.Choice{Replica: in.Candidates[i].ID, PrefillBlocks: max(int64(in.Blocks)-int64(s.Matched), 0), Credit: s.Credit * s.Matched}
 	}
-	_, sreq, _, _, _ := scoringInput(r.cfg, in)
+	// The request's own terms, as scoringInput gives them to scoring: its
+	// blocks, and the decode it books (the lease's) as active blocks.
 	cost = kvroute.ChoiceCost{PrefillScale: sc.PrefillLoadScale, RequestWeight: sc.DecodeRequestWeight,
-		Blocks: float64(sreq.Blocks), Active: sreq.ActiveBlocks, Bound: bound, Eps: settleEps}
+		Blocks: float64(in.Blocks), Active: float64(out.Lease.DecodeBlocks), Bound: bound, Eps: settleEps}
 	return cands, choices, cost, true
 }
