@@ -154,20 +154,30 @@ func (s *Store) Loads(ctx context.Context, model string, replicas []string) ([]k
 	if len(replicas) == 0 {
 		return nil, nil
 	}
-	fields := make([]string, 0, 2*len(replicas))
-	for _, r := range replicas {
-		fields = append(fields, r, r+"#s")
-	}
-	cmd := hmget(ctx, loadKey(model), fields)
+	cmd := hmget(ctx, loadKey(model), loadPairs(replicas, 0))
 	if err := s.batcher(model).do(ctx, cmd); err != nil {
 		return nil, wrap("loads", err)
 	}
-	v := cmd.Val()
+	return parseLoads("loads", cmd.Val(), replicas)
+}
+
+// loadPairs are every replica's booked and scraped load fields, in order,
+// with room for extra more.
+func loadPairs(replicas []string, extra int) []string {
+	fields := make([]string, 0, 2*len(replicas)+extra)
+	for _, r := range replicas {
+		fields = append(fields, r, r+"#s")
+	}
+	return fields
+}
+
+// parseLoads decodes loadPairs' values, the replicas' loads in order.
+func parseLoads(op string, v []any, replicas []string) ([]kvroute.Load, error) {
 	out := make([]kvroute.Load, len(replicas))
 	for i := range out {
 		var err error
 		if out[i], err = parseLoad(v[2*i], v[2*i+1]); err != nil {
-			return nil, fmt.Errorf("store: loads: %s: %w", replicas[i], err)
+			return nil, fmt.Errorf("store: %s: %s: %w", op, replicas[i], err)
 		}
 	}
 	return out, nil

@@ -87,10 +87,7 @@ func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 // booked and scraped load, then (unless the slots are cached) every
 // replica's slot, then '#g', which says whether cached slots still hold.
 func loadFields(replicas []string, cachedSlots bool) []string {
-	fields := make([]string, 0, 3*len(replicas)+1)
-	for _, r := range replicas {
-		fields = append(fields, r, r+"#s")
-	}
+	fields := loadPairs(replicas, len(replicas)+1)
 	if !cachedSlots {
 		for _, r := range replicas {
 			fields = append(fields, r+"#i")
@@ -145,14 +142,12 @@ func (s *Store) lookupScript(ctx context.Context, model string, keys []kvroute.B
 // decodeLookup turns a lookup's segments, the candidates' load fields (two
 // per replica) and their slots into its answer.
 func decodeLookup(segs, asegs []any, lv, slots []any, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
-	n := len(replicas)
-	ov := make([]kvroute.Overlap, n)
-	loads := make([]kvroute.Load, n)
+	loads, err := parseLoads("lookup", lv, replicas)
+	if err != nil {
+		return nil, nil, err
+	}
+	ov := make([]kvroute.Overlap, len(replicas))
 	for i := range ov {
-		var err error
-		if loads[i], err = parseLoad(lv[2*i], lv[2*i+1]); err != nil {
-			return nil, nil, fmt.Errorf("store: lookup: %s: %w", replicas[i], err)
-		}
 		str, ok := slots[i].(string)
 		if !ok {
 			continue // never stored nor recorded: holds nothing
