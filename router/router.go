@@ -293,12 +293,11 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		// A model this pod knew has vanished: an operator deleted its
 		// replicas, or the store lost its data. Only the epoch tells.
 		if known := r.reset.knownFleet(req.Model); len(known) > 0 {
-			// The window is asked again after the check: the serving
-			// process's own check may have seen the reset first, between
-			// this decision's registry read and its CheckEpoch, which then
-			// finds the epoch already current (a 404 in a -race run of
-			// TestRedisRestartedEmpty).
-			if reset, _ := r.CheckEpoch(ctx); reset || resetting || r.resetting() {
+			// The window is asked after the check, not before it: the
+			// serving process's own check may have seen the reset first,
+			// and this CheckEpoch then finds the epoch already current (a
+			// 404 in a -race run of TestRedisRestartedEmpty).
+			if reset, _ := r.CheckEpoch(ctx); reset || r.resetting() {
 				d := Decision{RequestID: r.newID(req.Model), BlockSize: r.BlockSize(req.Model, known), Policy: scoring.PolicyRoundRobin}
 				return r.degradedWith(d, known, ReasonStoreReset)
 			}
