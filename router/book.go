@@ -11,7 +11,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 )
 
-// A decision books its pick at any load up to where it would stop winning
+// Under the kv cost the store settles a booking (settle.go). Otherwise a
+// decision books its pick at any load up to where it would stop winning
 // (Slack), or on the load's version as scored when it has no margin. One
 // that lost a booking race scores again with the contested replica's
 // fresh load; if the pick stays, it books it within its new slack, and if
