@@ -38,6 +38,14 @@ var addedSeries = map[string]bool{
 	"kvroute_redis_errors_total":              false,
 }
 
+// lateSeries are families that exist only once their first event has
+// happened, which the test's traffic makes some runs and not others: the
+// embedded ingestor's first health probe may come after the scrape. When
+// served, each must read as given.
+var lateSeries = map[string]string{
+	"kvroute_ingest_health_probes_total": `kvroute_ingest_health_probes_total counter [result] "Health probes by result (healthy, unhealthy)."`,
+}
+
 // TestMetricNames scrapes a serving pod's /metrics after traffic that
 // touches every series (decisions, a cache-blind one, proxied responses,
 // a failover, an error) and holds it to testdata/metrics.golden: the
@@ -51,6 +59,9 @@ func TestMetricNames(t *testing.T) {
 	if *updateMetrics {
 		var b strings.Builder
 		for _, name := range sortedKeys(got) {
+			if _, late := lateSeries[name]; late {
+				continue
+			}
 			if _, added := addedSeries[name]; !added {
 				b.WriteString(got[name] + "\n")
 			}
@@ -78,6 +89,12 @@ func TestMetricNames(t *testing.T) {
 	})
 	t.Run("nothing unexpected", func(t *testing.T) {
 		for name, g := range got {
+			if w, late := lateSeries[name]; late {
+				if g != w {
+					t.Errorf("%s changed:\n\tgot  %s\n\twant %s", name, g, w)
+				}
+				continue
+			}
 			if _, added := addedSeries[name]; !added && want[name] == "" {
 				t.Errorf("new series %s (no otel_scope_info, target_info or renamed series wanted):\n\t%s", name, g)
 			}
