@@ -114,7 +114,7 @@ func (r *Router) report(ctx context.Context, rep report) (bool, error) {
 	if rep.kind == reportRelease {
 		op = "release"
 	}
-	if r.storeDown() {
+	if r.isDown(&r.down.progress) {
 		r.progress.push(rep)
 		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
 	}
@@ -123,7 +123,7 @@ func (r *Router) report(ctx context.Context, rep report) (bool, error) {
 	case err == nil:
 		return found, nil
 	case errors.Is(err, kvroute.ErrUnavailable):
-		r.markDown()
+		r.markDown(&r.down.progress)
 		r.progress.push(rep)
 		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
 	}
@@ -168,7 +168,7 @@ func (r *Router) Run(ctx context.Context) error {
 					r.progress.push(back)
 				}
 				r.progress.settle(len(reps) - i)
-				r.markDown()
+				r.markDown(&r.down.progress)
 				break
 			} else if err != nil && ctx.Err() == nil {
 				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)

@@ -156,9 +156,8 @@ type Router struct {
 	rng    *mrand.Rand
 	count  atomic.Uint64
 	cached registryCache
-	// downUntil (unix nanoseconds) is when the store may be tried again
-	// after a failure.
-	downUntil atomic.Int64
+	// down holds the store's back-off windows (backoff.go).
+	down backoff
 	// progress holds first-token and release reports the store could not
 	// take; Run retries them.
 	progress progressQueue
@@ -277,11 +276,16 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		cfg.Policy = req.Policy
 	}
 	sctx, st := r.stage(ctx, "kvroute.registry", &tm.Registry)
-	replicas, stale, err := r.replicas(sctx)
-	st.end(err, attribute.Bool("kvroute.stale", stale))
+	replicas, read, err := r.replicas(sctx, req.Model)
+	st.end(err, attribute.Bool("kvroute.stale", read != fleetRead))
 	if err != nil {
 		return Decision{}, err
 	}
+	// The index is skipped while the model's window is open, and when the
+	// registry has just failed: the store is likely down as a whole, and
+	// a second attempt would double the wait when it hangs. A registry in
+	// its window is no reason to skip it: the model's shard may be up.
+	skip := read == fleetFailed || read == fleetSkipped
 	var fleet []kvroute.Replica
 	for _, rep := range replicas {
 		if rep.Model == req.Model {
@@ -317,19 +321,19 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	}
 	var overlaps []kvroute.Overlap
 	var loads []kvroute.Load
-	if !stale {
+	if !skip {
 		lctx, st := r.stage(ctx, "kvroute.lookup", &tm.Lookup)
 		sctx, cancel := r.storeCtx(lctx)
 		overlaps, loads, err = r.idx.Lookup(sctx, req.Model, keys, ids)
 		cancel()
 		st.end(err, attribute.Int("kvroute.candidates", len(ids)))
 	}
-	if stale || err != nil {
+	if skip || err != nil {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
 			return Decision{}, fmt.Errorf("router: lookup: %w", err)
 		}
 		if err != nil {
-			r.markDown()
+			r.markDown(r.down.until(req.Model))
 		}
 		return r.degraded(d, fleet, err)
 	}
@@ -348,7 +352,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown()
+			r.markDown(r.down.until(req.Model))
 			return r.degraded(d, fleet, err)
 		}
 		return Decision{}, err
@@ -399,13 +403,13 @@ func (r *Router) CanDecide(ctx context.Context) error {
 	c.mu.Lock()
 	known := c.valid && len(c.replicas) > 0
 	c.mu.Unlock()
-	if r.storeDown() && known {
+	if r.isDown(&r.down.registry) && known {
 		return nil
 	}
-	if _, _, err := r.replicas(ctx); err != nil {
+	if _, _, err := r.replicas(ctx, ""); err != nil {
 		return err
 	}
-	if r.storeDown() {
+	if r.isDown(&r.down.registry) {
 		c.mu.Lock()
 		known = c.valid && len(c.replicas) > 0
 		c.mu.Unlock()
@@ -416,17 +420,17 @@ func (r *Router) CanDecide(ctx context.Context) error {
 	return nil
 }
 
-// StoreUp reports whether the last store call succeeded (no backoff
-// window is running): the store's state, which /metrics reports apart
-// from readiness.
-func (r *Router) StoreUp() bool { return !r.storeDown() }
+// StoreUp reports whether no back-off window is open (the store's last
+// calls succeeded, for the registry, progress reports and every model):
+// the store's state, which /metrics reports apart from readiness.
+func (r *Router) StoreUp() bool { return !r.down.open(r.now().UnixNano()) }
 
 // Fleet is the routable replicas of model, from the registry as this pod
 // last read it (at most RegistryTTL old, or the last copy while the store
 // is unreachable): what a component that must reach one of the model's
 // replicas, such as the remote tokenizer, asks without a store round trip.
 func (r *Router) Fleet(ctx context.Context, model string) ([]kvroute.Replica, error) {
-	replicas, _, err := r.replicas(ctx)
+	replicas, _, err := r.replicas(ctx, model)
 	if err != nil {
 		return nil, err
 	}
@@ -483,13 +487,6 @@ func (r *Router) degradedWith(d Decision, fleet []kvroute.Replica, reason string
 	return d, nil
 }
 
-// markDown starts a StoreBackoff window in which decisions skip the store.
-func (r *Router) markDown() {
-	r.downUntil.Store(r.now().Add(r.cfg.StoreBackoff).UnixNano())
-}
-
-func (r *Router) storeDown() bool { return r.now().UnixNano() < r.downUntil.Load() }
-
 // registryCache keeps the last registry read. It is what lets a pod keep
 // deciding while the store is down.
 type registryCache struct {
@@ -505,18 +502,39 @@ func (c *registryCache) invalidate() {
 	c.mu.Unlock()
 }
 
-// replicas returns the registry, re-read when older than RegistryTTL. stale
-// is true when the store failed and the last known copy is returned.
-func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool, _ error) {
+// How replicas came by the fleet it returns.
+type fleetSource int
+
+const (
+	// fleetRead is the registry read now, or less than RegistryTTL ago.
+	fleetRead fleetSource = iota
+	// fleetCached is the last copy, not re-read: the registry's window is
+	// open.
+	fleetCached
+	// fleetSkipped is the last copy, not re-read: the model's window is
+	// open, so the decision will not go to the store at all.
+	fleetSkipped
+	// fleetFailed is the last copy: reading the registry just failed.
+	fleetFailed
+)
+
+// replicas returns the registry, re-read when older than RegistryTTL
+// unless a window (the registry's, or model's when model is not empty)
+// says the store would fail; the last known copy then stands in.
+func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replica, _ fleetSource, _ error) {
 	c := &r.cached
 	c.mu.Lock()
+	if c.valid && r.modelDown(model) {
+		defer c.mu.Unlock()
+		return c.replicas, fleetSkipped, nil
+	}
 	if c.valid && r.now().Sub(c.at) < r.cfg.RegistryTTL {
 		defer c.mu.Unlock()
-		return c.replicas, false, nil
+		return c.replicas, fleetRead, nil
 	}
-	if c.valid && r.storeDown() {
+	if c.valid && r.isDown(&r.down.registry) {
 		defer c.mu.Unlock()
-		return c.replicas, true, nil
+		return c.replicas, fleetCached, nil
 	}
 	c.mu.Unlock()
 	sctx, cancel := r.storeCtx(ctx)
@@ -526,16 +544,16 @@ func (r *Router) replicas(ctx context.Context) (_ []kvroute.Replica, stale bool,
 	defer c.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown()
+			r.markDown(&r.down.registry)
 			if c.valid {
-				return c.replicas, true, nil
+				return c.replicas, fleetFailed, nil
 			}
 		}
-		return nil, false, fmt.Errorf("router: list replicas: %w", err)
+		return nil, fleetFailed, fmt.Errorf("router: list replicas: %w", err)
 	}
 	c.replicas, c.at, c.valid = list, r.now(), true
 	r.reset.remember(list)
-	return list, false, nil
+	return list, fleetRead, nil
 }
 
 func randomID() string {
