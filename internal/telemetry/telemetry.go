@@ -70,7 +70,7 @@ type Telemetry struct {
 //     or OTEL_TRACES_EXPORTER=none turn them off. The protocol is
 //     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL:
 //     http/protobuf (the default) or grpc. Spans go through a batch
-//     processor (OTEL_BSP_*); the sampler is OTEL_TRACES_SAMPLER and
+//     processor (OTEL_BSP_*, batch.go); the sampler is OTEL_TRACES_SAMPLER and
 //     OTEL_TRACES_SAMPLER_ARG (the SDK's default: parentbased_always_on).
 //   - the resource is service.name (opt.ServiceName unless
 //     OTEL_SERVICE_NAME), OTEL_RESOURCE_ATTRIBUTES and the SDK's own.
@@ -106,6 +106,10 @@ func Setup(ctx context.Context, opt Options) (*Telemetry, error) {
 	if err != nil || !on {
 		return t, err
 	}
+	batch, err := batchFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
 	var exp sdktrace.SpanExporter
 	switch protocol {
 	case "http/protobuf":
@@ -123,7 +127,7 @@ func Setup(ctx context.Context, opt Options) (*Telemetry, error) {
 		_ = exp.Shutdown(ctx)
 		return nil, err
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(newSpanBatcher(exp, batch)), sdktrace.WithResource(res))
 	t.TracerProvider, t.Tracing = tp, true
 	t.Exporter = protocol + " " + endpoint
 	t.shutdown = append(t.shutdown, tp.Shutdown)

@@ -1,0 +1,248 @@
+package telemetry_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/kvroute/kvroute/internal/telemetry"
+)
+
+// fakeExporter records what it is sent; Export, when set, runs first
+// (a test blocks it there).
+type fakeExporter struct {
+	Export func(ctx context.Context)
+
+	mu       sync.Mutex
+	batches  [][]string
+	shutdown bool
+}
+
+func (e *fakeExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if e.Export != nil {
+		e.Export(ctx)
+	}
+	var names []string
+	for _, s := range spans {
+		names = append(names, s.Name())
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.batches = append(e.batches, names)
+	return nil
+}
+
+func (e *fakeExporter) Shutdown(context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.shutdown = true
+	return nil
+}
+
+// exported is every span name sent so far, and the batches' sizes.
+func (e *fakeExporter) exported() (names []string, sizes []int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, b := range e.batches {
+		names = append(names, b...)
+		sizes = append(sizes, len(b))
+	}
+	return names, sizes
+}
+
+// waitFor polls until n spans have been exported or two seconds pass.
+func waitFor(tb testing.TB, e *fakeExporter, n int) []string {
+	tb.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		names, _ := e.exported()
+		if len(names) >= n || time.Now().After(deadline) {
+			return names
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func endSpans(tp *sdktrace.TracerProvider, names ...string) {
+	tr := tp.Tracer("test")
+	for _, n := range names {
+		_, s := tr.Start(context.Background(), n)
+		s.End()
+	}
+}
+
+// recordOnly records every span without sampling it: the processor sees
+// it end and must not export it.
+type recordOnly struct{}
+
+func (recordOnly) ShouldSample(sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	return sdktrace.SamplingResult{Decision: sdktrace.RecordOnly}
+}
+func (recordOnly) Description() string { return "record only" }
+
+func TestSpanBatcher(t *testing.T) {
+	ctx := context.Background()
+	never := time.Hour // a schedule that never fires within a test
+	newTP := func(t *testing.T, e *fakeExporter, o telemetry.BatchOptions, opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
+		t.Helper()
+		if o.Timeout == 0 {
+			o.Timeout = time.Second
+		}
+		tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithSpanProcessor(telemetry.NewSpanBatcher(e, o)))...)
+		t.Cleanup(func() { _ = tp.Shutdown(ctx) })
+		return tp
+	}
+
+	t.Run("a whole batch goes at once", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 4})
+		endSpans(tp, "a", "b", "c")
+		time.Sleep(20 * time.Millisecond)
+		if names, _ := e.exported(); len(names) != 0 {
+			t.Errorf("exported %v before a batch was whole, want nothing", names)
+		}
+		endSpans(tp, "d")
+		if got := waitFor(t, e, 4); strings.Join(got, ",") != "a,b,c,d" {
+			t.Errorf("exported %v, want a,b,c,d", got)
+		}
+	})
+
+	t.Run("the rest goes on schedule", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: 20 * time.Millisecond, MaxQueue: 16, MaxBatch: 8})
+		endSpans(tp, "a", "b")
+		if got := waitFor(t, e, 2); strings.Join(got, ",") != "a,b" {
+			t.Errorf("exported %v, want a,b", got)
+		}
+	})
+
+	t.Run("flush sends what is queued, in batches and in order", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 3})
+		// The third span kicks the export goroutine; the flush takes
+		// whatever it has not taken yet.
+		endSpans(tp, "a", "b", "c", "d", "e", "f", "g")
+		if err := tp.ForceFlush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		names, sizes := e.exported()
+		if strings.Join(names, ",") != "a,b,c,d,e,f,g" {
+			t.Errorf("exported %v, want a to g in order", names)
+		}
+		for _, n := range sizes {
+			if n > 3 {
+				t.Errorf("a batch of %d spans, want at most 3 (batches %v)", n, sizes)
+			}
+		}
+	})
+
+	t.Run("a full queue drops and says so", func(t *testing.T) {
+		release := make(chan struct{})
+		held := make(chan struct{}, 1)
+		e := &fakeExporter{Export: func(context.Context) {
+			select {
+			case held <- struct{}{}:
+				<-release // the first export waits for the test
+			default:
+			}
+		}}
+		var mu sync.Mutex
+		var handled []error
+		prev := otel.GetErrorHandler()
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { mu.Lock(); handled = append(handled, err); mu.Unlock() }))
+		t.Cleanup(func() { otel.SetErrorHandler(prev) })
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 2, MaxBatch: 2})
+		endSpans(tp, "a", "b") // a whole batch: its export starts and is held
+		<-held
+		endSpans(tp, "c", "d", "e") // the queue takes two, drops one
+		close(release)
+		if err := tp.ForceFlush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := waitFor(t, e, 4); strings.Join(got, ",") != "a,b,c,d" {
+			t.Errorf("exported %v, want a,b,c,d (e dropped)", got)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(handled) != 1 || !strings.HasSuffix(handled[0].Error(), "was full: dropped 1") {
+			t.Errorf("errors handled: %v, want one saying 1 span was dropped", handled)
+		}
+	})
+
+	t.Run("unsampled spans are not exported", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 1}, sdktrace.WithSampler(recordOnly{}))
+		endSpans(tp, "a")
+		if err := tp.ForceFlush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if names, _ := e.exported(); len(names) != 0 {
+			t.Errorf("exported %v, want nothing", names)
+		}
+	})
+
+	t.Run("shutdown flushes, stops and shuts the exporter", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewSpanBatcher(e, telemetry.BatchOptions{Delay: never, Timeout: time.Second, MaxQueue: 16, MaxBatch: 8})))
+		endSpans(tp, "a", "b")
+		if err := tp.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		endSpans(tp, "late")
+		names, _ := e.exported()
+		if strings.Join(names, ",") != "a,b" {
+			t.Errorf("exported %v, want a,b", names)
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if !e.shutdown {
+			t.Errorf("exporter not shut down")
+		}
+	})
+
+	t.Run("flush honours a done context", func(t *testing.T) {
+		e := &fakeExporter{}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 8})
+		done, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := tp.ForceFlush(done); !errors.Is(err, context.Canceled) {
+			t.Errorf("ForceFlush(done) = %v, want context.Canceled", err)
+		}
+	})
+}
+
+func TestBatchFromEnv(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		env     map[string]string
+		want    telemetry.BatchOptions
+		wantErr string
+	}{
+		{name: "defaults", want: telemetry.BatchOptions{Delay: 5 * time.Second, Timeout: 30 * time.Second, MaxQueue: 2048, MaxBatch: 512}},
+		{name: "set", env: map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_BSP_EXPORT_TIMEOUT": "1000", "OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1024"},
+			want: telemetry.BatchOptions{Delay: 200 * time.Millisecond, Timeout: time.Second, MaxQueue: 4096, MaxBatch: 1024}},
+		{name: "batch cut to the queue", env: map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "100"},
+			want: telemetry.BatchOptions{Delay: 5 * time.Second, Timeout: 30 * time.Second, MaxQueue: 100, MaxBatch: 100}},
+		{name: "not a number", env: map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "5s"}, wantErr: `OTEL_BSP_SCHEDULE_DELAY="5s"`},
+		{name: "zero", env: map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, wantErr: `OTEL_BSP_MAX_QUEUE_SIZE="0"`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := telemetry.BatchFromEnv(func(k string) string { return tt.env[k] })
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("err = %v, want one naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
