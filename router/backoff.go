@@ -14,7 +14,10 @@ import (
 // holds: each model has its own window, and a decision for a model on a
 // healthy shard still goes to the store. The registry (a global key,
 // cached for RegistryTTL) has its own: while it is open, decisions use
-// the last copy and still look up their model's index. Progress reports
+// the last copy and still look up their model's index, except the model
+// whose decision met the registry's failure, whose window opens with it
+// (with one Redis its lookup would fail too, and a hung store would make
+// that decision wait twice). Progress reports
 // (first tokens, releases) name only a request id, so they share one
 // window, and a report that meets it is queued for Run to retry.
 type backoff struct {

@@ -281,10 +281,9 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	if err != nil {
 		return Decision{}, err
 	}
-	// The index is skipped while the model's window is open, and when the
-	// registry has just failed: the store is likely down as a whole, and
-	// a second attempt would double the wait when it hangs. A registry in
-	// its window is no reason to skip it: the model's shard may be up.
+	// The index is skipped while the model's window is open (a registry
+	// read that just failed opened it too). A registry in its own window
+	// is no reason to skip it: the model's shard may be up.
 	skip := read == fleetFailed || read == fleetSkipped
 	var fleet []kvroute.Replica
 	for _, rep := range replicas {
@@ -545,6 +544,13 @@ func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replic
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
 			r.markDown(&r.down.registry)
+			if model != "" {
+				// With one Redis the model's lookup would fail the same
+				// way, after another wait when the store hangs: the
+				// model waits out the window too, and only models that
+				// have not met the failure yet try their own shard.
+				r.markDown(r.down.until(model))
+			}
 			if c.valid {
 				return c.replicas, fleetFailed, nil
 			}
