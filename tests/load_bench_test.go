@@ -206,19 +206,30 @@ type redisStats struct {
 	cpu   time.Duration
 	usec  map[string]int64
 	calls map[string]int64
+	// reads and writes are the socket reads and reply writes Redis made
+	// (INFO stats): one of each per round trip, however many commands
+	// it carried.
+	reads, writes int64
 }
 
 func readRedisStats(tb testing.TB, rc *redis.Client) redisStats {
-	info, err := rc.Info(context.Background(), "cpu", "commandstats").Result()
+	info, err := rc.Info(context.Background(), "cpu", "commandstats", "stats").Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	s := redisStats{usec: map[string]int64{}, calls: map[string]int64{}}
 	for _, line := range strings.Split(info, "\n") {
 		line = strings.TrimSpace(line)
-		if k, v, ok := strings.Cut(line, ":"); ok && (k == "used_cpu_sys_main_thread" || k == "used_cpu_user_main_thread") {
-			f, _ := strconv.ParseFloat(v, 64)
-			s.cpu += time.Duration(f * float64(time.Second))
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			switch k {
+			case "used_cpu_sys_main_thread", "used_cpu_user_main_thread":
+				f, _ := strconv.ParseFloat(v, 64)
+				s.cpu += time.Duration(f * float64(time.Second))
+			case "total_reads_processed":
+				s.reads, _ = strconv.ParseInt(v, 10, 64)
+			case "total_writes_processed":
+				s.writes, _ = strconv.ParseInt(v, 10, 64)
+			}
 		}
 		rest, ok := strings.CutPrefix(line, "cmdstat_")
 		if !ok {

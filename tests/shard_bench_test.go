@@ -1,15 +1,21 @@
 package tests_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/router"
+	"github.com/redis/go-redis/v9"
 )
 
 // BenchmarkShardCeiling measures one Redis's decision ceiling directly:
@@ -25,7 +31,10 @@ import (
 //	go test -run '^$' -bench ShardCeiling -benchtime 1x -timeout 10m ./tests/
 //
 // KVROUTE_SHARD_WORKERS (default 32) sets the decisions in flight,
-// KVROUTE_LOAD_SECS (default 4) the measured time.
+// KVROUTE_LOAD_SECS (default 4) the measured time. KVROUTE_SHARD_BREAKDOWN
+// set adds a phase with Redis's slow log recording every command, and
+// logs each command's (and key's) time per decision: where the shard's
+// time goes, with the script's own Redis calls apart from its Lua.
 func BenchmarkShardCeiling(b *testing.B) {
 	for _, shape := range []struct{ reps, blocks int }{{64, 2048}, {8, 64}} {
 		b.Run(fmt.Sprintf("replicas=%d/blocks=%d", shape.reps, shape.blocks), func(b *testing.B) {
@@ -84,13 +93,71 @@ func shardCeiling(b *testing.B, nRep, nBlocks int) {
 	getRPS, getCPU, _ := redisBenchmarkGet(b, url)
 	script := float64(r1.usec["evalsha"]-r0.usec["evalsha"]) / float64(n)
 	plain := float64(r1.usec["hmget"]-r0.usec["hmget"]) / float64(n)
-	b.Logf("%d workers: %.0f decisions/s (%d degraded), Redis main thread %.0f%% busy; per decision %.1f µs CPU, %.2f scripts taking %.1f µs, HMGET %.1f µs (in scripts too)",
-		workers, rate, degraded, 100*busy, us(redisPer), evals, script, plain)
+	writes := float64(r1.writes-r0.writes) / float64(n)
+	b.Logf("%d workers: %.0f decisions/s (%d degraded), Redis main thread %.0f%% busy; per decision %.1f µs CPU, %.2f scripts taking %.1f µs, HMGET %.1f µs (in scripts too), %.2f replies written",
+		workers, rate, degraded, 100*busy, us(redisPer), evals, script, plain, writes)
 	b.Logf("shard ceiling %.0f decisions/s; redis-benchmark GET -c 50: %.0f req/s (%.2f µs Redis CPU per GET)", ceiling, getRPS, us(getCPU))
+	if os.Getenv("KVROUTE_SHARD_BREAKDOWN") != "" {
+		shardBreakdown(b, rc, func() int64 { n, _, _ := run(secs / 2); return n })
+	}
 	b.ReportMetric(rate, "dec/s")
 	b.ReportMetric(100*busy, "redis-busy-%")
 	b.ReportMetric(us(redisPer), "redis-µs/dec")
+	b.ReportMetric(writes, "redis-writes/dec")
 	b.ReportMetric(ceiling, "shard-ceiling-dec/s")
 	b.ReportMetric(getRPS, "get-rps")
 	b.ReportMetric(ceiling/getRPS, "a:shard-ceiling/get")
+}
+
+// shardBreakdown runs decisions (run returns how many it made) with the
+// slow log recording every command, and logs per command and key the
+// calls and the server's µs per decision. The slow log times a command's
+// execution only: a script's time includes its own calls (upper-case,
+// as Redis logs them), and neither includes reading the request or
+// writing the reply.
+func shardBreakdown(b *testing.B, rc *redis.Client, run func() int64) {
+	ctx := context.Background()
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "1000000"}} {
+		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	defer rc.ConfigSet(ctx, "slowlog-log-slower-than", "10000")
+	if err := rc.Do(ctx, "slowlog", "reset").Err(); err != nil {
+		b.Fatal(err)
+	}
+	n := run()
+	logs, err := rc.SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	type agg struct {
+		calls int
+		took  time.Duration
+	}
+	by := map[string]*agg{}
+	for _, l := range logs {
+		if len(l.Args) < 2 || strings.EqualFold(l.Args[0], "slowlog") {
+			continue
+		}
+		k := l.Args[0] + " " + l.Args[1]
+		if strings.EqualFold(l.Args[0], "evalsha") {
+			k = l.Args[0] + " " + l.Args[1][:8]
+		}
+		a := by[k]
+		if a == nil {
+			a = &agg{}
+			by[k] = a
+		}
+		a.calls++
+		a.took += l.Duration
+	}
+	keys := slices.SortedFunc(maps.Keys(by), func(x, y string) int { return cmp.Compare(by[y].took, by[x].took) })
+	// One line: a benchmark's log keeps only its first ten.
+	var parts []string
+	for _, k := range keys {
+		a := by[k]
+		parts = append(parts, fmt.Sprintf("%s %.2f calls %.1f µs", k, float64(a.calls)/float64(n), us(a.took)/float64(n)))
+	}
+	b.Logf("slow log, per decision (%d decisions): %s", n, strings.Join(parts, "; "))
 }
