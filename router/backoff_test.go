@@ -17,7 +17,6 @@ import (
 // fail must not degrade the others, and a registry that cannot be read
 // must not stop decisions that can still read their model's index.
 func TestBackoffScopes(t *testing.T) {
-	ctx := context.Background()
 	twoModels := func() []kvroute.Replica {
 		var list []kvroute.Replica
 		for _, m := range []string{"a", "b"} {
@@ -44,14 +43,7 @@ func TestBackoffScopes(t *testing.T) {
 			return lookup(ctx, model, keys, replicas)
 		}
 		r := newRouter(t, idx, mem.Registry(), func() time.Time { return now })
-		route := func(model string) router.Decision {
-			t.Helper()
-			d, err := r.Route(ctx, router.Request{Model: model, Tokens: tokens(1, 64)})
-			if err != nil {
-				t.Fatalf("route %s: %v", model, err)
-			}
-			return d
-		}
+		route := func(model string) router.Decision { t.Helper(); return mustRoute(t, r, model, 1) }
 		if d := route("a"); !d.Degraded {
 			t.Errorf("a, its store failing: Degraded = false, want true")
 		}
@@ -95,14 +87,7 @@ func TestBackoffScopes(t *testing.T) {
 			return list(ctx)
 		}
 		r := newRouter(t, mem.Index(), reg, func() time.Time { return now })
-		route := func(model string) router.Decision {
-			t.Helper()
-			d, err := r.Route(ctx, router.Request{Model: model, Tokens: tokens(2, 64)})
-			if err != nil {
-				t.Fatalf("route %s: %v", model, err)
-			}
-			return d
-		}
+		route := func(model string) router.Decision { t.Helper(); return mustRoute(t, r, model, 2) }
 		if d := route("a"); d.Degraded {
 			t.Fatalf("before the fault: Degraded = true (%s)", d.Reason)
 		}
@@ -136,4 +121,15 @@ func TestBackoffScopes(t *testing.T) {
 			t.Errorf("registry not read again after its window")
 		}
 	})
+}
+
+// mustRoute decides for model (a 64-token prompt from seed) and fails the
+// test on an error.
+func mustRoute(t *testing.T, r *router.Router, model string, seed uint64) router.Decision {
+	t.Helper()
+	d, err := r.Route(context.Background(), router.Request{Model: model, Tokens: tokens(seed, 64)})
+	if err != nil {
+		t.Fatalf("route %s: %v", model, err)
+	}
+	return d
 }
