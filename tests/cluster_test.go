@@ -20,13 +20,35 @@ import (
 // on different primaries of a real 3-primary Redis Cluster, kills the first
 // model's primary under traffic (SIGKILL, AOF on) and starts it again 2 s
 // later (the cluster marks it failed after its 1 s node timeout, so its
-// slots answer CLUSTERDOWN meanwhile). Every decision must be answered
-// (degraded while the store fails), every store error must be
-// kvroute.ErrUnavailable, the second model's decisions must stay
-// cache-aware throughout, and the first model's must come back by
-// themselves once the primary is back.
+// slots answer CLUSTERDOWN meanwhile). See clusterFault for what must hold.
 func TestClusterPrimaryRestart(t *testing.T) {
 	c := redistest.Cluster(t, 3)
+	clusterFault(t, c, "started again",
+		func(i int) { c.Stop(t, i, syscall.SIGKILL) },
+		func(i int) { c.Start(t, i) })
+}
+
+// TestClusterPrimaryHung is TestClusterPrimaryRestart with the first
+// model's primary frozen (SIGSTOP) for 2 s and then continued: its
+// sockets accept and nothing answers, so that model's store calls wait
+// out their timeout, and nothing else may wait with them (each model has
+// its own pipelines and its own back-off window).
+func TestClusterPrimaryHung(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	clusterFault(t, c, "resumed",
+		func(i int) { c.Pause(t, i) },
+		func(i int) { c.Resume(t, i) })
+}
+
+// clusterFault runs decisions alternating between two models whose slots
+// live on different primaries of c, the first model's primary holding
+// neither the registry nor the second model, and brings that primary down
+// (down) under traffic and back (up) 2 s later. Every decision must be
+// answered (degraded while its store fails) within the request deadline,
+// every store error must be kvroute.ErrUnavailable, the second model's
+// decisions must stay cache-aware throughout, and the first model's must
+// come back by themselves once its primary is back.
+func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, up func(i int)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	// The first model's primary is the one killed: it holds neither the
@@ -121,6 +143,7 @@ func TestClusterPrimaryRestart(t *testing.T) {
 	// decisions, not the cluster's clocks, so the budget is time).
 	type result struct {
 		at       time.Time
+		took     time.Duration
 		model    string
 		degraded bool
 		aware    bool
@@ -131,9 +154,9 @@ func TestClusterPrimaryRestart(t *testing.T) {
 		mu      sync.Mutex
 		results []result
 		errs    = map[string]int{}
-		back    time.Time // when the primary was started again
+		back    time.Time // when the primary was back
 	)
-	down := prims[0]
+	faulty := prims[0]
 	done := make(chan struct{})
 	restartFailed := make(chan struct{})
 	go func() {
@@ -148,9 +171,9 @@ func TestClusterPrimaryRestart(t *testing.T) {
 			}
 		}()
 		time.Sleep(500 * time.Millisecond)
-		c.Stop(t, down, syscall.SIGKILL)
+		down(faulty)
 		time.Sleep(2 * time.Second)
-		c.Start(t, down)
+		up(faulty)
 		mu.Lock()
 		back = time.Now()
 		mu.Unlock()
@@ -161,11 +184,13 @@ func TestClusterPrimaryRestart(t *testing.T) {
 	for i := 0; len(recovered) < 2 && time.Now().Before(budget); i++ {
 		select {
 		case <-restartFailed:
-			t.Fatal("the primary could not be started again; see above")
+			t.Fatal("the primary could not be brought back; see above")
 		default:
 		}
 		m := models[i%2]
+		t0 := time.Now()
 		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
+		took := time.Since(t0)
 		if err != nil {
 			// Not Fatal: the restarting goroutine still uses t.
 			t.Errorf("decision %d (%s) failed: %v; want an answer, degraded at worst", i, m, err)
@@ -191,7 +216,7 @@ func TestClusterPrimaryRestart(t *testing.T) {
 			errs[lerr.Error()]++
 		}
 		now := time.Now()
-		results = append(results, result{at: now, model: m, degraded: d.Degraded, aware: cacheAware(m, d), replica: d.Replica.ID, matched: d.Matched})
+		results = append(results, result{at: now, took: took, model: m, degraded: d.Degraded, aware: cacheAware(m, d), replica: d.Replica.ID, matched: d.Matched})
 		if !back.IsZero() && cacheAware(m, d) {
 			if _, ok := recovered[m]; !ok {
 				recovered[m] = now
@@ -201,16 +226,22 @@ func TestClusterPrimaryRestart(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	<-done
-	degraded, per := 0, map[string]int{}
+	degraded, per, slowest := 0, map[string]int{}, map[string]time.Duration{}
 	for _, res := range results {
 		if res.degraded {
 			degraded++
 			per[res.model]++
 		}
+		slowest[res.model] = max(slowest[res.model], res.took)
 	}
 	// The router backs off per model (and for the registry apart): the
 	// model on a healthy primary never notices the outage.
-	t.Logf("%d decisions, %d degraded (%v); store errors: %v", len(results), degraded, per, errs)
+	t.Logf("%d decisions, %d degraded (%v), slowest %v; store errors: %v", len(results), degraded, per, slowest, errs)
+	for m, d := range slowest {
+		if d > time.Second {
+			t.Errorf("%s: slowest decision took %v, want well inside the 2 s request deadline", m, d)
+		}
+	}
 	if n := per[models[1]]; n > 0 {
 		t.Errorf("%s, on a healthy primary: %d decisions degraded during the other primary's outage, want 0", models[1], n)
 	}
@@ -224,11 +255,11 @@ func TestClusterPrimaryRestart(t *testing.T) {
 				}
 			}
 			loads, lerr := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
-			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (started again at %v); the last went to %s with %d matched (degraded %v); loads r0, r1: %+v %v",
-				m, back.Format(time.StampMilli), last.replica, last.matched, last.degraded, loads, lerr)
+			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (%s at %v); the last went to %s with %d matched (degraded %v); loads r0, r1: %+v %v",
+				m, upVerb, back.Format(time.StampMilli), last.replica, last.matched, last.degraded, loads, lerr)
 			continue
 		}
-		t.Logf("%s: cache-aware again %v after the primary restarted", m, at.Sub(back).Round(time.Millisecond))
+		t.Logf("%s: cache-aware again %v after the primary was %s", m, at.Sub(back).Round(time.Millisecond), upVerb)
 		if at.Sub(back) > 20*time.Second {
 			t.Errorf("%s: recovery took %v, want under 20s", m, at.Sub(back))
 		}

@@ -250,6 +250,36 @@ func (c *RedisCluster) Stop(tb testing.TB, i int, sig syscall.Signal) {
 	tb.Logf("redistest: cluster node %s stopped (%v)", c.nodes[i].addr(), sig)
 }
 
+// Pause freezes primary i with SIGSTOP: its sockets stay open and accept,
+// and nothing answers, which is how a hung server (a stalled VM, a disk
+// that blocks the AOF) looks to a client. Resume undoes it; a node still
+// paused when the test ends is killed like the others.
+func (c *RedisCluster) Pause(tb testing.TB, i int) {
+	tb.Helper()
+	c.signal(tb, i, syscall.SIGSTOP)
+	tb.Logf("redistest: cluster node %s paused (SIGSTOP)", c.nodes[i].addr())
+}
+
+// Resume continues primary i after Pause.
+func (c *RedisCluster) Resume(tb testing.TB, i int) {
+	tb.Helper()
+	c.signal(tb, i, syscall.SIGCONT)
+	tb.Logf("redistest: cluster node %s resumed (SIGCONT)", c.nodes[i].addr())
+}
+
+func (c *RedisCluster) signal(tb testing.TB, i int, sig syscall.Signal) {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[i]
+	if n.cmd == nil {
+		tb.Fatalf("redistest: cluster node %s is not running", n.addr())
+	}
+	if err := n.cmd.Process.Signal(sig); err != nil {
+		tb.Fatalf("redistest: cluster node %s: %v: %v", n.addr(), sig, err)
+	}
+}
+
 // Start starts primary i again on its port and data directory, after Stop:
 // it reads its cluster configuration and AOF back and rejoins.
 func (c *RedisCluster) Start(tb testing.TB, i int) {
