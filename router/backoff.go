@@ -7,45 +7,80 @@ import (
 
 // The store's back-off windows. After a store call fails, the calls that
 // would meet the same failure skip the store for StoreBackoff: decisions
-// are degraded at once instead of each waiting out a connection attempt.
-// What "the same failure" covers follows where the data lives. A model's
-// index, loads and leases share one hash tag, so under Redis Cluster one
-// shard holds them, and a shard that fails takes down only the models it
-// holds: each model has its own window, and a decision for a model on a
-// healthy shard still goes to the store. The registry (a global key,
-// cached for RegistryTTL) has its own: while it is open, decisions use
-// the last copy and still look up their model's index, except the model
-// whose decision met the registry's failure, whose window opens with it
-// (with one Redis its lookup would fail too, and a hung store would make
-// that decision wait twice). Progress reports
-// (first tokens, releases) name only a request id, so they share one
-// window, and a report that meets it is queued for Run to retry.
-type backoff struct {
-	registry atomic.Int64 // unix nanoseconds until which the registry is skipped
-	progress atomic.Int64 // likewise for progress reports
-	models   sync.Map     // model -> *atomic.Int64
+// are degraded at once, and progress reports queued, instead of each
+// waiting out a connection attempt. What "the same failure" covers is the
+// store's to say (an Index that is also Domains): one server is one domain,
+// so one failure there opens the window for every call, as it should;
+// under Redis Cluster a model's keys share one slot, so a shard that fails
+// takes down only the models whose slots it holds, and the global keys
+// (the registry) are a domain apart. A model's decision checks its
+// model's window; a registry read, the global one (while it is open,
+// decisions use the last copy of the registry and still read their
+// model's index, which may be up); a progress report, the window of the
+// model its request id names (RequestModel).
+//
+// An index that says nothing (the tests' fakes) gets one domain per
+// model and one for the global keys.
+
+// Domains is what an Index may also say about where its data lives. It
+// is optional, so a changed signature would silently stop matching: the
+// wiring checks the store satisfies it at compile time.
+type Domains interface {
+	// FailureDomain names the part of the store whose failures model's
+	// calls share ("" for the global keys').
+	FailureDomain(model string) string
+	// RequestModel is the model a request id was minted for.
+	RequestModel(id string) (string, bool)
 }
 
-// until is model's window, made on first use.
-func (b *backoff) until(model string) *atomic.Int64 {
-	if v, ok := b.models.Load(model); ok {
+// backoff holds one window per domain: domain -> *atomic.Int64, the unix
+// nanoseconds until which its calls skip the store. Domains are few (one,
+// or at most a Cluster's 16,384 slots and the global keys).
+type backoff struct {
+	windows sync.Map
+}
+
+// window is the window of domain d, made on first use.
+func (b *backoff) window(d string) *atomic.Int64 {
+	if v, ok := b.windows.Load(d); ok {
 		return v.(*atomic.Int64)
 	}
-	v, _ := b.models.LoadOrStore(model, new(atomic.Int64))
+	v, _ := b.windows.LoadOrStore(d, new(atomic.Int64))
 	return v.(*atomic.Int64)
 }
 
 // open reports whether now (unix nanoseconds) is inside any window.
 func (b *backoff) open(now int64) bool {
-	if now < b.registry.Load() || now < b.progress.Load() {
-		return true
-	}
 	down := false
-	b.models.Range(func(_, v any) bool {
+	b.windows.Range(func(_, v any) bool {
 		down = now < v.(*atomic.Int64).Load()
 		return !down
 	})
 	return down
+}
+
+// domain is the failure domain of model's calls, "" for the global keys.
+func (r *Router) domain(model string) string {
+	if d, ok := r.idx.(Domains); ok {
+		return d.FailureDomain(model)
+	}
+	return "model " + model
+}
+
+// modelWindow is the window a decision for model checks and opens.
+func (r *Router) modelWindow(model string) *atomic.Int64 { return r.down.window(r.domain(model)) }
+
+// globalWindow is the registry's window.
+func (r *Router) globalWindow() *atomic.Int64 { return r.down.window(r.domain("")) }
+
+// reportWindow is the window of a progress report for request id: its
+// model's, or the global one for an id that names none.
+func (r *Router) reportWindow(id string) *atomic.Int64 {
+	model := ""
+	if d, ok := r.idx.(Domains); ok {
+		model, _ = d.RequestModel(id)
+	}
+	return r.down.window(r.domain(model))
 }
 
 // markDown opens w for StoreBackoff.
@@ -55,12 +90,3 @@ func (r *Router) markDown(w *atomic.Int64) {
 
 // isDown reports whether w is open.
 func (r *Router) isDown(w *atomic.Int64) bool { return r.now().UnixNano() < w.Load() }
-
-// modelDown reports whether model's window is open.
-func (r *Router) modelDown(model string) bool {
-	if model == "" {
-		return false
-	}
-	v, ok := r.down.models.Load(model)
-	return ok && r.isDown(v.(*atomic.Int64))
-}

@@ -2,7 +2,10 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,19 +97,14 @@ func TestBackoffScopes(t *testing.T) {
 		regDown = true
 		// The decision that meets the failure does not try the index too:
 		// with one Redis it would fail the same way, after a second wait.
-		// Its model waits out the window; another model's decisions use
-		// the last copy of the registry and their own shard.
 		if d := route("a"); !d.Degraded {
 			t.Errorf("the decision whose registry read failed: Degraded = false, want true")
 		}
 		read := lists
-		for range 3 {
+		for _, m := range []string{"a", "b", "a"} {
 			now = now.Add(100 * time.Millisecond)
-			if d := route("b"); d.Degraded {
-				t.Errorf("b inside the registry's window: Degraded = true (%s), want a decision over the last copy", d.Reason)
-			}
-			if d := route("a"); !d.Degraded {
-				t.Errorf("a inside the window its failed read opened: Degraded = false, want true")
+			if d := route(m); d.Degraded {
+				t.Errorf("%s inside the registry's window: Degraded = true (%s), want a decision over the last copy", m, d.Reason)
 			}
 		}
 		if got := lists - read; got != 0 {
@@ -114,13 +112,129 @@ func TestBackoffScopes(t *testing.T) {
 		}
 		regDown = false
 		now = now.Add(router.DefaultConfig().StoreBackoff)
-		if d := route("a"); d.Degraded {
-			t.Errorf("a after the window: Degraded = true (%s), want false", d.Reason)
-		}
+		route("b")
 		if lists == read {
 			t.Errorf("registry not read again after its window")
 		}
 	})
+
+	t.Run("one server is one domain", func(t *testing.T) {
+		now := time.Unix(1000, 0)
+		mem := mock.NewMemory(twoModels()...)
+		idx := mem.Index()
+		lookup, down, lookups := idx.LookupFn, false, 0
+		idx.LookupFn = func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
+			lookups++
+			if down {
+				return nil, nil, unavailable
+			}
+			return lookup(ctx, model, keys, replicas)
+		}
+		r, err := router.New(oneServer{idx}, mem.Registry(), router.DefaultConfig(), router.Options{Now: func() time.Time { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRoute(t, r, "a", 3)
+		down = true
+		if d := mustRoute(t, r, "a", 3); !d.Degraded {
+			t.Fatalf("a, the server down: Degraded = false, want true")
+		}
+		tried := lookups
+		if d := mustRoute(t, r, "b", 3); !d.Degraded {
+			t.Errorf("b on the same server inside the window: Degraded = false, want true")
+		}
+		if got := lookups - tried; got != 0 {
+			t.Errorf("the server tried %d times inside its window, want 0: one failure is every model's", got)
+		}
+	})
+}
+
+// oneServer is an index that says all its data is on one server.
+type oneServer struct{ *mock.Index }
+
+var (
+	_ router.Domains = oneServer{}
+	_ router.Domains = byModel{}
+)
+
+func (oneServer) FailureDomain(string) string { return "the server" }
+
+func (oneServer) RequestModel(id string) (string, bool) { return "", false }
+
+// byModel is an index whose request ids are "<model>:<n>" and whose
+// models each fail apart.
+type byModel struct{ *mock.Index }
+
+func (byModel) FailureDomain(model string) string { return model }
+
+func (byModel) RequestModel(id string) (string, bool) {
+	m, _, ok := strings.Cut(id, ":")
+	return m, ok
+}
+
+// TestProgressByDomain: a model whose store calls fail queues its own
+// progress reports, and neither makes another model's reports wait: they
+// go to the store at once, and a retry pass delivers the reports of a
+// domain that answers again past those of one still down.
+func TestProgressByDomain(t *testing.T) {
+	ctx := context.Background()
+	mem := mock.NewMemory(fleet(1, true)...)
+	idx := mem.Index()
+	var mu sync.Mutex
+	downModels := map[string]bool{"a": true}
+	delivered := map[string]int{}
+	idx.ReleaseFn = func(ctx context.Context, id string) (bool, error) {
+		m, _, _ := strings.Cut(id, ":")
+		mu.Lock()
+		defer mu.Unlock()
+		if downModels[m] {
+			return false, fmt.Errorf("store: release: %w", kvroute.ErrUnavailable)
+		}
+		delivered[m]++
+		return true, nil
+	}
+	cfg := router.DefaultConfig()
+	cfg.StoreBackoff = 20 * time.Millisecond
+	r, err := router.New(byModel{idx}, mem.Registry(), cfg, router.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := func(id string, want error) {
+		t.Helper()
+		if _, err := r.Release(ctx, id); !errors.Is(err, want) {
+			t.Fatalf("release %s = %v, want %v", id, err, want)
+		}
+	}
+	release("a:1", router.ErrQueued)
+	release("b:1", nil) // a's window is no reason to queue b's report
+	mu.Lock()
+	downModels["b"] = true
+	mu.Unlock()
+	release("b:2", router.ErrQueued)
+	release("a:2", router.ErrQueued)
+	mu.Lock()
+	downModels["b"] = false // b's shard is back; a's is not
+	mu.Unlock()
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = r.Run(runCtx) }()
+	defer func() { stop(); <-ran }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		got := delivered["b"]
+		mu.Unlock()
+		if got == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b's releases delivered %d of 2 while a's shard stays down; queued %d", got, r.Queued())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if q := r.Queued(); q != 2 {
+		t.Errorf("queued = %d, want a's 2 still waiting", q)
+	}
 }
 
 // mustRoute decides for model (a 64-token prompt from seed) and fails the

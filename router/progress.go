@@ -114,7 +114,8 @@ func (r *Router) report(ctx context.Context, rep report) (bool, error) {
 	if rep.kind == reportRelease {
 		op = "release"
 	}
-	if r.isDown(&r.down.progress) {
+	w := r.reportWindow(rep.id)
+	if r.isDown(w) {
 		r.progress.push(rep)
 		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
 	}
@@ -123,7 +124,7 @@ func (r *Router) report(ctx context.Context, rep report) (bool, error) {
 	case err == nil:
 		return found, nil
 	case errors.Is(err, kvroute.ErrUnavailable):
-		r.markDown(&r.down.progress)
+		r.markDown(w)
 		r.progress.push(rep)
 		return false, fmt.Errorf("router: %s: %w", op, ErrQueued)
 	}
@@ -157,19 +158,23 @@ func (r *Router) Run(ctx context.Context) error {
 			continue
 		}
 		horizon := r.now().Add(-r.maxLease())
-		for i, rep := range reps {
+		for _, rep := range reps {
 			if rep.at.Before(horizon) {
 				r.progress.settle(1)
 				continue // the lease has expired by now
 			}
+			// A report whose domain is still down goes back, in order,
+			// unsent; the others go on: one shard's outage must not
+			// hold up the reports of models on the shards that answer.
+			w := r.reportWindow(rep.id)
+			if r.isDown(w) {
+				r.progress.push(rep)
+				r.progress.settle(1)
+				continue
+			}
 			if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
-				// Still down: put this and the rest back, in order.
-				for _, back := range reps[i:] {
-					r.progress.push(back)
-				}
-				r.progress.settle(len(reps) - i)
-				r.markDown(&r.down.progress)
-				break
+				r.markDown(w)
+				r.progress.push(rep)
 			} else if err != nil && ctx.Err() == nil {
 				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
 			}

@@ -281,8 +281,10 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	if err != nil {
 		return Decision{}, err
 	}
-	// The index is skipped while the model's window is open (a registry
-	// read that just failed opened it too). A registry in its own window
+	// The index is skipped while the model's window is open, and by the
+	// decision whose registry read just failed (with one Redis the lookup
+	// would fail too, after a second wait; the failure opened the window
+	// of every model in the registry's domain). A registry in its window
 	// is no reason to skip it: the model's shard may be up.
 	skip := read == fleetFailed || read == fleetSkipped
 	var fleet []kvroute.Replica
@@ -332,7 +334,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 			return Decision{}, fmt.Errorf("router: lookup: %w", err)
 		}
 		if err != nil {
-			r.markDown(r.down.until(req.Model))
+			r.markDown(r.modelWindow(req.Model))
 		}
 		return r.degraded(d, fleet, err)
 	}
@@ -351,7 +353,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown(r.down.until(req.Model))
+			r.markDown(r.modelWindow(req.Model))
 			return r.degraded(d, fleet, err)
 		}
 		return Decision{}, err
@@ -402,13 +404,13 @@ func (r *Router) CanDecide(ctx context.Context) error {
 	c.mu.Lock()
 	known := c.valid && len(c.replicas) > 0
 	c.mu.Unlock()
-	if r.isDown(&r.down.registry) && known {
+	if r.isDown(r.globalWindow()) && known {
 		return nil
 	}
 	if _, _, err := r.replicas(ctx, ""); err != nil {
 		return err
 	}
-	if r.isDown(&r.down.registry) {
+	if r.isDown(r.globalWindow()) {
 		c.mu.Lock()
 		known = c.valid && len(c.replicas) > 0
 		c.mu.Unlock()
@@ -523,7 +525,7 @@ const (
 func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replica, _ fleetSource, _ error) {
 	c := &r.cached
 	c.mu.Lock()
-	if c.valid && r.modelDown(model) {
+	if c.valid && model != "" && r.isDown(r.modelWindow(model)) {
 		defer c.mu.Unlock()
 		return c.replicas, fleetSkipped, nil
 	}
@@ -531,7 +533,7 @@ func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replic
 		defer c.mu.Unlock()
 		return c.replicas, fleetRead, nil
 	}
-	if c.valid && r.isDown(&r.down.registry) {
+	if c.valid && r.isDown(r.globalWindow()) {
 		defer c.mu.Unlock()
 		return c.replicas, fleetCached, nil
 	}
@@ -543,14 +545,7 @@ func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replic
 	defer c.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown(&r.down.registry)
-			if model != "" {
-				// With one Redis the model's lookup would fail the same
-				// way, after another wait when the store hangs: the
-				// model waits out the window too, and only models that
-				// have not met the failure yet try their own shard.
-				r.markDown(r.down.until(model))
-			}
+			r.markDown(r.globalWindow())
 			if c.valid {
 				return c.replicas, fleetFailed, nil
 			}

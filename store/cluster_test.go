@@ -180,6 +180,29 @@ func TestClusterStore(t *testing.T) {
 			t.Fatalf("replicas = %+v, %v; want the two -a replicas", reps, err)
 		}
 	})
+	t.Run("failure domains are the cluster's slots", func(t *testing.T) {
+		ctx := context.Background()
+		rc := redis.NewClient(&redis.Options{Addr: c.Addrs()[0], MaxRetries: -1})
+		defer rc.Close()
+		seen := map[string]string{}
+		for i := range 200 {
+			m := "domain-model-" + strconv.Itoa(i)
+			slot, err := rc.ClusterKeySlot(ctx, "kvr:{m:"+m+"}:load").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := s.FailureDomain(m), "slot "+strconv.FormatInt(slot, 10); got != want {
+				t.Fatalf("FailureDomain(%q) = %q, want %q (CLUSTER KEYSLOT)", m, got, want)
+			}
+			seen[s.FailureDomain(m)] = m
+		}
+		if len(seen) < 150 {
+			t.Errorf("200 models fell in %d domains, want them spread over slots", len(seen))
+		}
+		if g := s.FailureDomain(""); g == s.FailureDomain(m1) || g == "" {
+			t.Errorf("global keys' domain %q, want one of their own", g)
+		}
+	})
 	t.Run("old request ids", func(t *testing.T) {
 		ctx := context.Background()
 		if ok, err := s.Release(ctx, "0123456789abcdef0123456789abcdef"); err != nil || ok {

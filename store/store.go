@@ -104,11 +104,14 @@ type Store struct {
 	batches sync.Map
 	// slotc caches replicas' slots for lookups (slots.go).
 	slotc slotCache
+	// cluster is set for a Redis Cluster client (domain.go).
+	cluster bool
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
 func New(c redis.UniversalClient, opt Options) *Store {
-	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints}
+	_, cluster := c.(*redis.ClusterClient)
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints, cluster: cluster}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -13,6 +13,7 @@ import (
 var (
 	_ router.Index        = (*store.Store)(nil)
 	_ router.Registry     = (*store.Store)(nil)
+	_ router.Domains      = (*store.Store)(nil)
 	_ api.Registry        = (*store.Store)(nil)
 	_ ingestor.Store      = (*store.Store)(nil)
 	_ ingestor.IndexStore = (*store.Store)(nil)
