@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -32,10 +31,11 @@ type spanBatcher struct {
 	queue   []sdktrace.ReadOnlySpan
 	dropped int64 // spans dropped since the last report
 
+	stopped bool // Shutdown has begun; guarded by mu
+
 	kick     chan struct{} // a whole batch is waiting (capacity 1)
 	stop     chan struct{}
 	done     chan struct{}
-	stopped  atomic.Bool
 	exportMu sync.Mutex // one export at a time, in queue order
 }
 
@@ -53,28 +53,34 @@ var defaultBatch = batchOptions{delay: 5 * time.Second, timeout: 30 * time.Secon
 // batchFromEnv reads OTEL_BSP_SCHEDULE_DELAY and OTEL_BSP_EXPORT_TIMEOUT
 // (milliseconds) and OTEL_BSP_MAX_QUEUE_SIZE and
 // OTEL_BSP_MAX_EXPORT_BATCH_SIZE. Unset means the default; a value that
-// is not a positive integer is an error, so that a typo fails the start
-// instead of silently tracing with the defaults. A batch larger than the
-// queue is cut to the queue, as the specification says.
+// is not a positive integer (for the export timeout, not a number of
+// milliseconds: 0 means none, as the SDK takes it) is an error, so that a
+// typo fails the start instead of silently tracing with the defaults. A
+// batch larger than the queue is cut to the queue, as the specification
+// says.
 func batchFromEnv(getenv func(string) string) (batchOptions, error) {
 	o := defaultBatch
 	var errs []error
-	num := func(name string, def int) int {
+	num := func(name string, def, least int) int {
 		v := strings.TrimSpace(getenv(name))
 		if v == "" {
 			return def
 		}
 		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", name, v))
+		if err != nil || n < least {
+			want := "a positive integer"
+			if least == 0 {
+				want = "a number of milliseconds (0: none)"
+			}
+			errs = append(errs, fmt.Errorf("%s=%q: want %s", name, v, want))
 			return def
 		}
 		return n
 	}
-	o.delay = time.Duration(num("OTEL_BSP_SCHEDULE_DELAY", int(o.delay/time.Millisecond))) * time.Millisecond
-	o.timeout = time.Duration(num("OTEL_BSP_EXPORT_TIMEOUT", int(o.timeout/time.Millisecond))) * time.Millisecond
-	o.maxQueue = num("OTEL_BSP_MAX_QUEUE_SIZE", o.maxQueue)
-	o.maxBatch = min(num("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", o.maxBatch), o.maxQueue)
+	o.delay = time.Duration(num("OTEL_BSP_SCHEDULE_DELAY", int(o.delay/time.Millisecond), 1)) * time.Millisecond
+	o.timeout = time.Duration(num("OTEL_BSP_EXPORT_TIMEOUT", int(o.timeout/time.Millisecond), 0)) * time.Millisecond
+	o.maxQueue = num("OTEL_BSP_MAX_QUEUE_SIZE", o.maxQueue, 1)
+	o.maxBatch = min(num("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", o.maxBatch, 1), o.maxQueue)
 	if err := errors.Join(errs...); err != nil {
 		return batchOptions{}, fmt.Errorf("telemetry: %w", err)
 	}
@@ -90,12 +96,18 @@ func newSpanBatcher(exp sdktrace.SpanExporter, opt batchOptions) *spanBatcher {
 // OnStart does nothing: spans are batched when they end.
 func (b *spanBatcher) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
 
-// OnEnd queues a sampled span, or drops it when the queue is full.
+// OnEnd queues a sampled span, or drops it when the queue is full. After
+// Shutdown it does nothing: stopped is read under mu, so a span either
+// lands in the queue Shutdown's last export takes or is not queued.
 func (b *spanBatcher) OnEnd(s sdktrace.ReadOnlySpan) {
-	if b.stopped.Load() || !s.SpanContext().IsSampled() {
+	if !s.SpanContext().IsSampled() {
 		return
 	}
 	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return
+	}
 	if len(b.queue) >= b.opt.maxQueue {
 		b.dropped++
 		b.mu.Unlock()
@@ -125,15 +137,18 @@ func (b *spanBatcher) run() {
 		case <-b.kick:
 			whole = true
 		}
-		b.export(context.Background(), whole)
+		if err := b.export(context.Background(), whole); err != nil {
+			otel.Handle(err)
+		}
 	}
 }
 
-// export sends what is queued in batches, each within the export timeout:
-// only whole batches when whole is set (the rest waits to fill up or for
-// the schedule), else everything. Failures go to the global error
-// handler, as the SDK's do.
-func (b *spanBatcher) export(ctx context.Context, whole bool) {
+// export sends what is queued in batches, each within the export timeout
+// (none when it is 0): only whole batches when whole is set (the rest
+// waits to fill up or for the schedule), else everything. It returns the
+// exporter's errors; the schedule's own exports hand them to the global
+// error handler, as the SDK's do.
+func (b *spanBatcher) export(ctx context.Context, whole bool) error {
 	b.exportMu.Lock()
 	defer b.exportMu.Unlock()
 	b.mu.Lock()
@@ -149,39 +164,70 @@ func (b *spanBatcher) export(ctx context.Context, whole bool) {
 	if dropped > 0 {
 		otel.Handle(fmt.Errorf("telemetry: the span export queue (OTEL_BSP_MAX_QUEUE_SIZE=%d) was full: dropped %d", b.opt.maxQueue, dropped))
 	}
+	var errs []error
 	for len(spans) > 0 {
 		n := min(len(spans), b.opt.maxBatch)
-		ectx, cancel := context.WithTimeout(ctx, b.opt.timeout)
-		err := b.exp.ExportSpans(ectx, spans[:n])
-		cancel()
-		if err != nil {
-			otel.Handle(fmt.Errorf("telemetry: export spans: %w", err))
+		ectx, cancel := ctx, context.CancelFunc(func() {})
+		if b.opt.timeout > 0 {
+			ectx, cancel = context.WithTimeout(ctx, b.opt.timeout)
 		}
+		if err := b.exp.ExportSpans(ectx, spans[:n]); err != nil {
+			errs = append(errs, fmt.Errorf("telemetry: export spans: %w", err))
+		}
+		cancel()
 		spans = spans[n:]
 	}
+	return errors.Join(errs...)
 }
 
-// ForceFlush exports what is queued now.
+// ForceFlush exports what is queued now, and returns the exporter's
+// errors, or ctx's when it ends first (the export goes on behind it). It
+// does nothing after Shutdown.
 func (b *spanBatcher) ForceFlush(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b.export(ctx, false)
-	return nil
-}
-
-// Shutdown stops the schedule, exports what is queued and shuts the
-// exporter down. Spans that end afterwards are not exported.
-func (b *spanBatcher) Shutdown(ctx context.Context) error {
-	if b.stopped.Swap(true) {
+	b.mu.Lock()
+	stopped := b.stopped
+	b.mu.Unlock()
+	if stopped {
 		return nil
 	}
-	close(b.stop)
+	done := make(chan error, 1)
+	go func() { done <- b.export(ctx, false) }()
 	select {
-	case <-b.done:
+	case err := <-done:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	b.export(ctx, false)
-	return b.exp.Shutdown(ctx)
+}
+
+// Shutdown stops the schedule, exports what is queued and shuts the
+// exporter down, and returns their errors, or ctx's when it ends first:
+// the last export and the exporter's shutdown then go on behind it, so
+// that a short deadline costs no spans that an export could still
+// deliver. Spans that end afterwards are not exported; a second Shutdown
+// does nothing.
+func (b *spanBatcher) Shutdown(ctx context.Context) error {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return nil
+	}
+	b.stopped = true
+	b.mu.Unlock()
+	close(b.stop)
+	done := make(chan error, 1)
+	go func() {
+		<-b.done // the schedule's export in hand, if any, finishes first
+		err := b.export(context.WithoutCancel(ctx), false)
+		done <- errors.Join(err, b.exp.Shutdown(context.WithoutCancel(ctx)))
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

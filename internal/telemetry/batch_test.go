@@ -17,7 +17,7 @@ import (
 // fakeExporter records what it is sent; Export, when set, runs first
 // (a test blocks it there).
 type fakeExporter struct {
-	Export func(ctx context.Context)
+	Export func(ctx context.Context) error
 
 	mu       sync.Mutex
 	batches  [][]string
@@ -26,7 +26,9 @@ type fakeExporter struct {
 
 func (e *fakeExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	if e.Export != nil {
-		e.Export(ctx)
+		if err := e.Export(ctx); err != nil {
+			return err
+		}
 	}
 	var names []string
 	for _, s := range spans {
@@ -145,12 +147,13 @@ func TestSpanBatcher(t *testing.T) {
 	t.Run("a full queue drops and says so", func(t *testing.T) {
 		release := make(chan struct{})
 		held := make(chan struct{}, 1)
-		e := &fakeExporter{Export: func(context.Context) {
+		e := &fakeExporter{Export: func(context.Context) error {
 			select {
 			case held <- struct{}{}:
 				<-release // the first export waits for the test
 			default:
 			}
+			return nil
 		}}
 		var mu sync.Mutex
 		var handled []error
@@ -206,6 +209,55 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("flush returns the exporter's error", func(t *testing.T) {
+		e := &fakeExporter{Export: func(context.Context) error { return errors.New("collector said no") }}
+		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 8})
+		endSpans(tp, "a")
+		if err := tp.ForceFlush(ctx); err == nil || !strings.Contains(err.Error(), "collector said no") {
+			t.Errorf("ForceFlush = %v, want the exporter's error", err)
+		}
+	})
+
+	t.Run("flush and shutdown honour their deadlines", func(t *testing.T) {
+		release := make(chan struct{})
+		e := &fakeExporter{Export: func(context.Context) error { <-release; return nil }}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewSpanBatcher(e, telemetry.BatchOptions{Delay: never, Timeout: time.Minute, MaxQueue: 16, MaxBatch: 8})))
+		endSpans(tp, "a", "b")
+		short := func() context.Context {
+			c, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+			t.Cleanup(cancel)
+			return c
+		}
+		t0 := time.Now()
+		if err := tp.ForceFlush(short()); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("ForceFlush behind a stuck export = %v, want its deadline", err)
+		}
+		endSpans(tp, "c")
+		if err := tp.Shutdown(short()); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Shutdown behind a stuck export = %v, want its deadline", err)
+		}
+		if took := time.Since(t0); took > time.Second {
+			t.Errorf("ForceFlush and Shutdown took %v with 30 ms deadlines", took)
+		}
+		close(release) // the exports go on behind the deadlines
+		if got := waitFor(t, e, 3); strings.Join(got, ",") != "a,b,c" {
+			t.Errorf("exported %v after the deadlines, want a,b,c", got)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			e.mu.Lock()
+			shut := e.shutdown
+			e.mu.Unlock()
+			if shut {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("exporter not shut down after Shutdown's deadline passed")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+
 	t.Run("flush honours a done context", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 8})
@@ -229,7 +281,11 @@ func TestBatchFromEnv(t *testing.T) {
 			want: telemetry.BatchOptions{Delay: 200 * time.Millisecond, Timeout: time.Second, MaxQueue: 4096, MaxBatch: 1024}},
 		{name: "batch cut to the queue", env: map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "100"},
 			want: telemetry.BatchOptions{Delay: 5 * time.Second, Timeout: 30 * time.Second, MaxQueue: 100, MaxBatch: 100}},
+		{name: "no export timeout", env: map[string]string{"OTEL_BSP_EXPORT_TIMEOUT": "0"},
+			want: telemetry.BatchOptions{Delay: 5 * time.Second, Timeout: 0, MaxQueue: 2048, MaxBatch: 512}},
 		{name: "not a number", env: map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "5s"}, wantErr: `OTEL_BSP_SCHEDULE_DELAY="5s"`},
+		{name: "no delay", env: map[string]string{"OTEL_BSP_SCHEDULE_DELAY": "0"}, wantErr: `OTEL_BSP_SCHEDULE_DELAY="0"`},
+		{name: "negative timeout", env: map[string]string{"OTEL_BSP_EXPORT_TIMEOUT": "-1"}, wantErr: `OTEL_BSP_EXPORT_TIMEOUT="-1"`},
 		{name: "zero", env: map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, wantErr: `OTEL_BSP_MAX_QUEUE_SIZE="0"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
