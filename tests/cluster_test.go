@@ -23,7 +23,7 @@ import (
 // slots answer CLUSTERDOWN meanwhile). See clusterFault for what must hold.
 func TestClusterPrimaryRestart(t *testing.T) {
 	c := redistest.Cluster(t, 3)
-	clusterFault(t, c, "started again",
+	clusterFault(t, c, faultModel, "started again",
 		func(i int) { c.Stop(t, i, syscall.SIGKILL) },
 		func(i int) { c.Start(t, i) })
 }
@@ -35,36 +35,58 @@ func TestClusterPrimaryRestart(t *testing.T) {
 // its own pipelines and its own back-off window).
 func TestClusterPrimaryHung(t *testing.T) {
 	c := redistest.Cluster(t, 3)
-	clusterFault(t, c, "resumed",
+	clusterFault(t, c, faultModel, "resumed",
 		func(i int) { c.Pause(t, i) },
 		func(i int) { c.Resume(t, i) })
 }
 
-// clusterFault runs decisions alternating between two models whose slots
-// live on different primaries of c, the first model's primary holding
-// neither the registry nor the second model, and brings that primary down
-// (down) under traffic and back (up) 2 s later. Every decision must be
-// answered (degraded while its store fails) within the request deadline,
-// every store error must be kvroute.ErrUnavailable, the second model's
-// decisions must stay cache-aware throughout, and the first model's must
-// come back by themselves once its primary is back.
-func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, up func(i int)) {
+// TestClusterRegistryPrimaryRestart kills the primary that holds the
+// registry (and neither model) instead: pods route over their last copy
+// of it and keep reading the models' own shards, so only the decisions
+// that meet a failed registry read (one a back-off window) are degraded.
+func TestClusterRegistryPrimaryRestart(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	clusterFault(t, c, faultRegistry, "started again",
+		func(i int) { c.Stop(t, i, syscall.SIGKILL) },
+		func(i int) { c.Start(t, i) })
+}
+
+// Which primary clusterFault brings down.
+const (
+	faultModel    = "the first model's primary"
+	faultRegistry = "the registry's primary"
+)
+
+// clusterFault runs decisions alternating between two models on c, and
+// brings one primary down (down) under traffic and back (up) 2 s later:
+// with target faultModel, the first model's primary, which holds neither
+// the registry nor the second model; with faultRegistry, the registry's,
+// which holds neither model. Every decision is released, as the proxy
+// releases them. Every decision must be answered (degraded while its
+// store fails) within the request deadline, every store error must be
+// kvroute.ErrUnavailable, a model whose primary stays up must stay
+// cache-aware throughout (but for the decisions that meet a failed
+// registry read), and every model must be cache-aware again by itself
+// once the primary is back.
+func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string, down, up func(i int)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	// The first model's primary is the one killed: it holds neither the
-	// registry nor the second model, whose decisions must not notice.
 	var models []string
 	var prims []int
 	reg := c.Primary(t, "kvr:replicas")
-	for i := 0; len(models) < 2 && i < 64; i++ {
+	for i := 0; len(models) < 2 && i < 256; i++ {
 		m := "cluster-model-" + strconv.Itoa(i)
 		p := c.Primary(t, "kvr:{m:"+m+"}:load")
-		if (len(prims) == 0 && p != reg) || (len(prims) == 1 && prims[0] != p) {
+		if p != reg && (len(prims) == 0 || prims[0] != p) {
 			models, prims = append(models, m), append(prims, p)
 		}
 	}
 	if len(models) < 2 {
-		t.Fatal("no two models on different primaries")
+		t.Fatal("no two models on different primaries, apart from the registry's")
+	}
+	faulty := prims[0]
+	if target == faultRegistry {
+		faulty = reg
 	}
 	st, err := store.OpenConfig(ctx, store.Config{Addrs: c.Addrs()}, store.Options{})
 	if err != nil {
@@ -156,7 +178,6 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, 
 		errs    = map[string]int{}
 		back    time.Time // when the primary was back
 	)
-	faulty := prims[0]
 	done := make(chan struct{})
 	restartFailed := make(chan struct{})
 	go func() {
@@ -196,13 +217,12 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, 
 			t.Errorf("decision %d (%s) failed: %v; want an answer, degraded at worst", i, m, err)
 			break
 		}
-		if !d.Degraded {
-			// A release that meets the outage is queued for retry, by
-			// design (it must not hold the caller).
-			if _, err := rt.Release(ctx, d.RequestID); err != nil && !errors.Is(err, router.ErrQueued) {
-				t.Errorf("release: %v", err)
-				break
-			}
+		// A release that meets the outage is queued for retry, by design
+		// (it must not hold the caller); the proxy releases degraded
+		// decisions too.
+		if _, err := rt.Release(ctx, d.RequestID); err != nil && !errors.Is(err, router.ErrQueued) {
+			t.Errorf("release: %v", err)
+			break
 		}
 		keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, prompts[m], nil)
 		lctx, lcancel := context.WithTimeout(ctx, 250*time.Millisecond)
@@ -226,24 +246,42 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, 
 		time.Sleep(10 * time.Millisecond)
 	}
 	<-done
-	degraded, per, slowest := 0, map[string]int{}, map[string]time.Duration{}
+	degraded, per, blind, slowest := 0, map[string]int{}, map[string]int{}, map[string]time.Duration{}
 	for _, res := range results {
 		if res.degraded {
 			degraded++
 			per[res.model]++
+		} else if !res.aware {
+			blind[res.model]++
 		}
 		slowest[res.model] = max(slowest[res.model], res.took)
 	}
-	// The router backs off per model (and for the registry apart): the
-	// model on a healthy primary never notices the outage.
-	t.Logf("%d decisions, %d degraded (%v), slowest %v; store errors: %v", len(results), degraded, per, slowest, errs)
+	// The router backs off per failure domain (a Cluster slot; the global
+	// keys apart): a model on a healthy primary never notices the outage,
+	// and a registry that cannot be read costs one decision a window.
+	t.Logf("%s down: %d decisions, %d degraded (%v), not degraded but cache-blind %v, slowest %v; store errors: %v",
+		target, len(results), degraded, per, blind, slowest, errs)
 	for m, d := range slowest {
 		if d > time.Second {
 			t.Errorf("%s: slowest decision took %v, want well inside the 2 s request deadline", m, d)
 		}
 	}
-	if n := per[models[1]]; n > 0 {
-		t.Errorf("%s, on a healthy primary: %d decisions degraded during the other primary's outage, want 0", models[1], n)
+	for _, m := range models {
+		if n := blind[m]; n > 0 {
+			t.Errorf("%s: %d decisions answered as cache-aware went elsewhere than the prefix's holder (its bookings or releases went astray)", m, n)
+		}
+	}
+	switch target {
+	case faultModel:
+		if n := per[models[1]]; n > 0 {
+			t.Errorf("%s, on a healthy primary: %d decisions degraded during the other primary's outage, want 0", models[1], n)
+		}
+	case faultRegistry:
+		// The outage, with the cluster's detection and recovery, lasts a
+		// few seconds: a few windows of one second.
+		if degraded > 12 {
+			t.Errorf("%d decisions degraded while only the registry's primary was down, want a few (one a back-off window)", degraded)
+		}
 	}
 	for _, m := range models {
 		at, ok := recovered[m]
@@ -264,7 +302,7 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, upVerb string, down, 
 			t.Errorf("%s: recovery took %v, want under 20s", m, at.Sub(back))
 		}
 	}
-	if degraded == 0 || len(errs) == 0 {
+	if degraded == 0 || (target == faultModel && len(errs) == 0) {
 		t.Errorf("no degraded decision (%d) or store error (%d) while a primary was down: the fault did not bite", degraded, len(errs))
 	}
 }
