@@ -29,22 +29,13 @@ func TestBackoffScopes(t *testing.T) {
 		}
 		return list
 	}
-	unavailable := fmt.Errorf("store: lookup: %w", kvroute.ErrUnavailable)
 
 	t.Run("a failing model degrades alone", func(t *testing.T) {
 		now := time.Unix(1000, 0)
 		mem := mock.NewMemory(twoModels()...)
 		idx := mem.Index()
-		lookup, aDown, aLookups := idx.LookupFn, true, 0
-		idx.LookupFn = func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
-			if model == "a" {
-				aLookups++
-				if aDown {
-					return nil, nil, unavailable
-				}
-			}
-			return lookup(ctx, model, keys, replicas)
-		}
+		aDown := true
+		calls := faultyLookup(idx, func(model string) bool { return model == "a" && aDown })
 		r := newRouter(t, idx, mem.Registry(), func() time.Time { return now })
 		route := func(model string) router.Decision { t.Helper(); return mustRoute(t, r, model, 1) }
 		if d := route("a"); !d.Degraded {
@@ -56,12 +47,12 @@ func TestBackoffScopes(t *testing.T) {
 		if r.StoreUp() {
 			t.Errorf("StoreUp() = true with a's window open, want false")
 		}
-		tried := aLookups
+		tried := calls["a"]
 		now = now.Add(router.DefaultConfig().StoreBackoff / 2)
 		if d := route("a"); !d.Degraded {
 			t.Errorf("a inside its window: Degraded = false, want true")
 		}
-		if got := aLookups - tried; got != 0 {
+		if got := calls["a"] - tried; got != 0 {
 			t.Errorf("a's store tried %d times inside its window, want 0", got)
 		}
 		if d := route("b"); d.Degraded {
@@ -122,14 +113,9 @@ func TestBackoffScopes(t *testing.T) {
 		now := time.Unix(1000, 0)
 		mem := mock.NewMemory(twoModels()...)
 		idx := mem.Index()
-		lookup, down, lookups := idx.LookupFn, false, 0
-		idx.LookupFn = func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
-			lookups++
-			if down {
-				return nil, nil, unavailable
-			}
-			return lookup(ctx, model, keys, replicas)
-		}
+		down := false
+		calls := faultyLookup(idx, func(string) bool { return down })
+		lookups := func() int { return calls["a"] + calls["b"] }
 		r, err := router.New(oneServer{idx}, mem.Registry(), router.DefaultConfig(), router.Options{Now: func() time.Time { return now }})
 		if err != nil {
 			t.Fatal(err)
@@ -139,11 +125,11 @@ func TestBackoffScopes(t *testing.T) {
 		if d := mustRoute(t, r, "a", 3); !d.Degraded {
 			t.Fatalf("a, the server down: Degraded = false, want true")
 		}
-		tried := lookups
+		tried := lookups()
 		if d := mustRoute(t, r, "b", 3); !d.Degraded {
 			t.Errorf("b on the same server inside the window: Degraded = false, want true")
 		}
-		if got := lookups - tried; got != 0 {
+		if got := lookups() - tried; got != 0 {
 			t.Errorf("the server tried %d times inside its window, want 0: one failure is every model's", got)
 		}
 	})
@@ -246,4 +232,18 @@ func mustRoute(t *testing.T, r *router.Router, model string, seed uint64) router
 		t.Fatalf("route %s: %v", model, err)
 	}
 	return d
+}
+
+// faultyLookup makes idx's lookups fail (unavailable) for the models fail
+// names, and returns the lookups made per model.
+func faultyLookup(idx *mock.Index, fail func(model string) bool) map[string]int {
+	lookup, calls := idx.LookupFn, map[string]int{}
+	idx.LookupFn = func(ctx context.Context, model string, keys []kvroute.BlockKey, replicas []string) ([]kvroute.Overlap, []kvroute.Load, error) {
+		calls[model]++
+		if fail(model) {
+			return nil, nil, fmt.Errorf("store: lookup: %w", kvroute.ErrUnavailable)
+		}
+		return lookup(ctx, model, keys, replicas)
+	}
+	return calls
 }
