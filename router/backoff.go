@@ -59,10 +59,16 @@ func (b *backoff) open(now int64) bool {
 	return down
 }
 
+// domainsOf is idx as Domains, or nil.
+func domainsOf(idx Index) Domains {
+	d, _ := idx.(Domains)
+	return d
+}
+
 // domain is the failure domain of model's calls, "" for the global keys.
 func (r *Router) domain(model string) string {
-	if d, ok := r.idx.(Domains); ok {
-		return d.FailureDomain(model)
+	if r.domains != nil {
+		return r.domains.FailureDomain(model)
 	}
 	return "model " + model
 }
@@ -77,8 +83,8 @@ func (r *Router) globalWindow() *atomic.Int64 { return r.down.window(r.domain(""
 // model's, or the global one for an id that names none.
 func (r *Router) reportWindow(id string) *atomic.Int64 {
 	model := ""
-	if d, ok := r.idx.(Domains); ok {
-		model, _ = d.RequestModel(id)
+	if r.domains != nil {
+		model, _ = r.domains.RequestModel(id)
 	}
 	return r.down.window(r.domain(model))
 }

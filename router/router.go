@@ -167,6 +167,9 @@ type Router struct {
 	// suspects are replicas recently seen failing (suspect.go).
 	suspects suspectSet
 	tracer   trace.Tracer
+	// domains is idx's answer about its failure domains; nil when it has
+	// none (backoff.go).
+	domains Domains
 }
 
 // Options are the router's injected dependencies; each nil field gets the
@@ -229,7 +232,7 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 		}
 	}
 	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset,
-		tracer: newTracer(opt.TracerProvider)}, nil
+		tracer: newTracer(opt.TracerProvider), domains: domainsOf(idx)}, nil
 }
 
 // BlockSize is the block size requests for model are keyed with, given the
