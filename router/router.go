@@ -301,12 +301,24 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		// A model this pod knew has vanished: an operator deleted its
 		// replicas, or the store lost its data. Only the epoch tells.
 		if known := r.reset.knownFleet(req.Model); len(known) > 0 {
+			d := Decision{RequestID: r.newID(req.Model), BlockSize: r.BlockSize(req.Model, known), Policy: scoring.PolicyRoundRobin}
+			// With the registry's window open the epoch cannot be read
+			// either (one server), and asking would wait out the store
+			// again: route over the last fleet known rather than say the
+			// model does not exist.
+			if r.isDown(r.globalWindow()) {
+				return r.degraded(d, known, nil)
+			}
 			// The window is asked after the check, not before it: the
 			// serving process's own check may have seen the reset first,
 			// and this CheckEpoch then finds the epoch already current (a
 			// 404 in a -race run of TestRedisRestartedEmpty).
-			if reset, _ := r.CheckEpoch(ctx); reset || r.resetting() {
-				d := Decision{RequestID: r.newID(req.Model), BlockSize: r.BlockSize(req.Model, known), Policy: scoring.PolicyRoundRobin}
+			reset, err := r.CheckEpoch(ctx)
+			if errors.Is(err, kvroute.ErrUnavailable) {
+				r.markDown(r.globalWindow())
+				return r.degraded(d, known, err)
+			}
+			if reset || r.resetting() {
 				return r.degradedWith(d, known, ReasonStoreReset)
 			}
 		}
