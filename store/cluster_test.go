@@ -180,27 +180,21 @@ func TestClusterStore(t *testing.T) {
 			t.Fatalf("replicas = %+v, %v; want the two -a replicas", reps, err)
 		}
 	})
-	t.Run("failure domains are the cluster's slots", func(t *testing.T) {
-		ctx := context.Background()
-		rc := redis.NewClient(&redis.Options{Addr: c.Addrs()[0], MaxRetries: -1})
-		defer rc.Close()
-		seen := map[string]string{}
-		for i := range 200 {
+	t.Run("failure domains are the primaries", func(t *testing.T) {
+		byPrimary := map[int]string{}
+		for i := range 48 {
 			m := "domain-model-" + strconv.Itoa(i)
-			slot, err := rc.ClusterKeySlot(ctx, "kvr:{m:"+m+"}:load").Result()
-			if err != nil {
-				t.Fatal(err)
+			p := c.Primary(t, "kvr:{m:"+m+"}:load")
+			if got, want := s.FailureDomain(m), c.Addrs()[p]; got != want {
+				t.Fatalf("FailureDomain(%q) = %q, want %q, the primary serving its slot", m, got, want)
 			}
-			if got, want := s.FailureDomain(m), "slot "+strconv.FormatInt(slot, 10); got != want {
-				t.Fatalf("FailureDomain(%q) = %q, want %q (CLUSTER KEYSLOT)", m, got, want)
-			}
-			seen[s.FailureDomain(m)] = m
+			byPrimary[p] = m
 		}
-		if len(seen) < 150 {
-			t.Errorf("200 models fell in %d domains, want them spread over slots", len(seen))
+		if len(byPrimary) != 3 {
+			t.Errorf("48 models fell on %d primaries, want all 3", len(byPrimary))
 		}
-		if g := s.FailureDomain(""); g == s.FailureDomain(m1) || g == "" {
-			t.Errorf("global keys' domain %q, want one of their own", g)
+		if got, want := s.FailureDomain(""), c.Addrs()[c.Primary(t, "kvr:replicas")]; got != want {
+			t.Errorf("the registry's domain = %q, want %q, the primary serving kvr:replicas", got, want)
 		}
 	})
 	t.Run("old request ids", func(t *testing.T) {
