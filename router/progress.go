@@ -71,6 +71,38 @@ func (q *progressQueue) push(r report) {
 	q.mu.Unlock()
 }
 
+// requeue puts back reports a retry pass took and could not deliver, in
+// one step (a push each would rescan the queue each time: quadratic in an
+// outage's backlog, under the lock every report takes). They go before
+// what was queued during the pass, which is newer; a first-token report
+// whose request's release was queued meanwhile is dropped, as push drops
+// it.
+func (q *progressQueue) requeue(back []report) {
+	if len(back) == 0 {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	released := map[string]bool{}
+	for _, p := range q.pending {
+		if p.kind == reportRelease {
+			released[p.id] = true
+		}
+	}
+	merged := make([]report, 0, len(back)+len(q.pending))
+	for _, b := range back {
+		if b.kind == reportFirstToken && released[b.id] {
+			continue
+		}
+		merged = append(merged, b)
+	}
+	q.pending = append(merged, q.pending...)
+	if over := len(q.pending) - maxQueued; over > 0 {
+		q.pending = append(q.pending[:0], q.pending[over:]...)
+		q.dropped += over
+	}
+}
+
 // take hands every pending report to a retry, which settles each.
 func (q *progressQueue) take() []report {
 	q.mu.Lock()
@@ -158,6 +190,7 @@ func (r *Router) Run(ctx context.Context) error {
 			continue
 		}
 		horizon := r.now().Add(-r.maxLease())
+		var back []report
 		for _, rep := range reps {
 			if rep.at.Before(horizon) {
 				r.progress.settle(1)
@@ -168,18 +201,22 @@ func (r *Router) Run(ctx context.Context) error {
 			// hold up the reports of models on the shards that answer.
 			w := r.reportWindow(rep.id)
 			if r.isDown(w) {
-				r.progress.push(rep)
-				r.progress.settle(1)
+				back = append(back, rep)
 				continue
 			}
 			if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
 				r.markDown(w)
-				r.progress.push(rep)
+				back = append(back, rep)
+				continue
 			} else if err != nil && ctx.Err() == nil {
 				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
 			}
 			r.progress.settle(1)
 		}
+		// Requeued before they stop counting as in flight, so that
+		// Queued never says they have landed.
+		r.progress.requeue(back)
+		r.progress.settle(len(back))
 	}
 }
 
