@@ -194,7 +194,9 @@ func (b *spanBatcher) ForceFlush(ctx context.Context) error {
 		return nil
 	}
 	done := make(chan error, 1)
-	go func() { done <- b.export(ctx, false) }()
+	// The export keeps going when ctx ends first, under the export
+	// timeout alone: the spans it took are sent, not dropped.
+	go func() { done <- b.export(context.WithoutCancel(ctx), false) }()
 	select {
 	case err := <-done:
 		return err
