@@ -11,9 +11,10 @@ import (
 // waiting out a connection attempt. What "the same failure" covers is the
 // store's to say (an Index that is also Domains): one server is one domain,
 // so one failure there opens the window for every call, as it should;
-// under Redis Cluster a model's keys share one slot, so a shard that fails
-// takes down only the models whose slots it holds, and the global keys
-// (the registry) are a domain apart. A model's decision checks its
+// under Redis Cluster a model's keys share one slot, and its domain is
+// the primary serving that slot, so a shard that fails takes down only
+// the models whose slots it holds, once a window between them; the
+// registry's domain is its own key's primary. A model's decision checks its
 // model's window; a registry read, the global one (while it is open,
 // decisions use the last copy of the registry and still read their
 // model's index, which may be up); a progress report, the window of the
@@ -35,7 +36,7 @@ type Domains interface {
 
 // backoff holds one window per domain: domain -> *atomic.Int64, the unix
 // nanoseconds until which its calls skip the store. Domains are few (one,
-// or at most a Cluster's 16,384 slots and the global keys).
+// or a Cluster's primaries).
 type backoff struct {
 	windows sync.Map
 }
@@ -65,7 +66,7 @@ func domainsOf(idx Index) Domains {
 	return d
 }
 
-// domain is the failure domain of model's calls, "" for the global keys.
+// domain is the failure domain of model's calls ("" for the registry's).
 func (r *Router) domain(model string) string {
 	if r.domains != nil {
 		return r.domains.FailureDomain(model)
