@@ -232,6 +232,13 @@ func (e *FieldError) Unwrap() error { return ErrInvalidInput }
 // another ingestor already applied).
 type ApplyResult struct {
 	Applied bool
+	// NoPrior is set when the run was applied to a replica the store held
+	// no applied seq for: its first run ever, a run after a reset, or one
+	// after the store lost the replica's entries (a Cluster shard that came
+	// back empty, a purge by another process). A follower that had applied
+	// the stream before takes it for the last: what came before the run is
+	// gone from the index, and only a replay can bring it back.
+	NoPrior bool
 	Stored  int
 	Removed int
 	// Unknown counts removals of blocks the replica was not known to hold

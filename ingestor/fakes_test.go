@@ -60,7 +60,8 @@ func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, la
 		s.failNext--
 		return kvroute.ApplyResult{}, errors.New("fake: unavailable")
 	}
-	if applied, ok := s.seq[id]; ok && applied >= first {
+	applied, had := s.seq[id]
+	if had && applied >= first {
 		return kvroute.ApplyResult{}, nil
 	}
 	if s.e2r[id] == nil {
@@ -92,8 +93,19 @@ func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, la
 	for seq := first; seq <= last; seq++ {
 		s.applied[id] = append(s.applied[id], seq)
 	}
-	res.Applied = true
+	res.Applied, res.NoPrior = true, !had
 	return res, nil
+}
+
+// lose forgets a replica's entries and seq as a store that lost its data
+// would (a Cluster shard back empty): no reset is counted.
+func (s *fakeStore) lose(model, replica string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := model + "/" + replica
+	delete(s.seq, id)
+	delete(s.e2r, id)
+	delete(s.held, id)
 }
 
 func (s *fakeStore) AppliedSeq(_ context.Context, model, replica string) (int64, bool, error) {

@@ -102,6 +102,11 @@ type Follower struct {
 	// the applied one a harmless duplicate (e.g. two ingestors overlapping
 	// during a takeover) rather than a restart.
 	verified bool
+	// lost: a run this follower applied found no applied seq in the store
+	// although the follower had applied the stream before: the store lost
+	// the replica's entries (see kvroute.ApplyResult.NoPrior), and relearn
+	// must rebuild them.
+	lost bool
 
 	// ops and run are reused from one store call to the next.
 	ops []kvroute.IndexOp
@@ -194,6 +199,10 @@ func (f *Follower) readSeq(ctx context.Context) error {
 
 // Handle applies one live batch.
 func (f *Follower) Handle(ctx context.Context, b kvevents.Batch) error {
+	return errors.Join(f.handle(ctx, b), f.relearn(ctx))
+}
+
+func (f *Follower) handle(ctx context.Context, b kvevents.Batch) error {
 	if b.Seq > math.MaxInt64 {
 		f.m.decodeErrors.WithLabelValues(kvevents.RejectSeq).Inc()
 		return nil
@@ -339,6 +348,36 @@ func (f *Follower) replayOnce(ctx context.Context) error {
 	return nil
 }
 
+// relearn rebuilds the replica's entries after a run found that the store
+// had lost them (lost; nothing to do otherwise): without it the index would
+// know only what the stream brought since, for as long as the replica
+// lives. The partial entries are cleared and the replay buffer applied from
+// its start, as after a restart. A replica without a replay socket keeps
+// what the stream brought: nothing could rebuild more.
+func (f *Follower) relearn(ctx context.Context) error {
+	if !f.lost {
+		return nil
+	}
+	f.lost = false
+	f.log.Warn("the store lost the replica's index entries; rebuilding them from the replay buffer", "applied", f.last)
+	if f.replay == nil {
+		f.m.replays.WithLabelValues("unavailable").Inc()
+		return nil
+	}
+	if err := f.reset(ctx, "store_lost"); err != nil {
+		return err
+	}
+	if err := f.catchUp(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// As on connect: the live stream's seq check notices what is
+		// still missing and replays again.
+		f.log.Warn("replay after the store lost the replica", "err", err)
+	}
+	return nil
+}
+
 func (f *Follower) reset(ctx context.Context, reason string) error {
 	if err := f.st.ResetReplica(ctx, f.rep.Model, f.rep.ID); err != nil {
 		f.synced = false
@@ -368,9 +407,12 @@ func (f *Follower) HandleBatches(ctx context.Context, bs []kvevents.Batch) error
 	for len(bs) > 0 {
 		n, err := f.applyRun(ctx, bs)
 		if n == 0 {
-			n, err = 1, f.Handle(ctx, bs[0])
+			n, err = 1, f.handle(ctx, bs[0])
 		}
 		if err != nil {
+			errs = append(errs, err)
+		}
+		if err := f.relearn(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		bs = bs[n:]
@@ -492,6 +534,9 @@ func (f *Follower) account(run []pending, res kvroute.ApplyResult) {
 		f.m.clears.Add(float64(st.Clears))
 	}
 	b := run[len(run)-1].b
+	if res.NoPrior && f.have {
+		f.lost = true
+	}
 	f.last, f.have, f.digest = int64(b.Seq), true, b.Digest
 	if !res.Applied {
 		// The store already holds this seq or a newer one: another

@@ -291,6 +291,82 @@ func TestFollowerSequencing(t *testing.T) {
 	})
 }
 
+// TestFollowerStoreLost: the store loses a replica's entries under a
+// follower that had applied its stream (a Cluster shard that came back
+// empty, while the registry's shard kept the replica registered). The next
+// run applied finds no applied seq; without a rebuild the index would know
+// only what the stream brought since.
+func TestFollowerStoreLost(t *testing.T) {
+	withMetrics := func(fx *followFixture, withReplay bool) *prometheus.Registry {
+		reg := prometheus.NewRegistry()
+		m := ingestor.NewMetrics()
+		if err := m.Register(reg); err != nil {
+			t.Fatal(err)
+		}
+		c := ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel}, Store: fx.st, Metrics: m}
+		if withReplay {
+			c.Replay = fx.pub.replay(&fx.replays)
+		}
+		fx.f = ingestor.NewFollower(c)
+		return reg
+	}
+	t.Run("a live batch after the loss rebuilds from the replay buffer", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		reg := withMetrics(fx, true)
+		for range 3 {
+			fx.live(t, fx.block())
+		}
+		fx.st.lose(tModel, tRep)
+		fx.live(t, fx.block())
+		fx.wantApplied(t, 0, 1, 2, 3, 0, 1, 2, 3)
+		fx.wantResets(t, 1)
+		fx.wantHeld(t, 0, 4)
+		if got := metric(t, reg, "kvroute_ingest_resets_total", "reason=store_lost"); got != 1 {
+			t.Errorf("store_lost resets: got %v, want 1", got)
+		}
+		fx.live(t, fx.block())
+		fx.wantApplied(t, 4)
+		fx.wantHeld(t, 0, 5)
+	})
+	t.Run("a queued run after the loss rebuilds from the replay buffer", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		withMetrics(fx, true)
+		fx.live(t, fx.block())
+		fx.live(t, fx.block())
+		fx.st.lose(tModel, tRep)
+		fx.handleAll(t, fx.block(), fx.block(), fx.block())
+		fx.wantApplied(t, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4)
+		fx.wantResets(t, 1)
+		fx.wantHeld(t, 0, 5)
+	})
+	t.Run("no replay endpoint: what the stream brings is kept", func(t *testing.T) {
+		fx := newFollow(t, false, 0)
+		reg := withMetrics(fx, false)
+		for range 3 {
+			fx.live(t, fx.block())
+		}
+		fx.st.lose(tModel, tRep)
+		fx.live(t, fx.block())
+		fx.live(t, fx.block())
+		fx.wantApplied(t, 0, 1, 2, 3, 4)
+		fx.wantResets(t, 0)
+		fx.wantHeld(t, 3, 2)
+		if got := metric(t, reg, "kvroute_ingest_replays_total", "result=unavailable"); got != 1 {
+			t.Errorf("unavailable replays: got %v, want 1", got)
+		}
+	})
+	t.Run("a follower that never applied takes an empty store for its start", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		fx.live(t, fx.block())
+		fx.live(t, fx.block())
+		fx.wantApplied(t, 0, 1)
+		fx.wantResets(t, 0)
+		if fx.replays != 0 {
+			t.Errorf("replays: got %d, want 0", fx.replays)
+		}
+	})
+}
+
 // decodeAll decodes live messages as a worker does before handing them to
 // the follower together.
 func decodeAll(t *testing.T, msgs ...[][]byte) []kvevents.Batch {

@@ -55,7 +55,7 @@ func NewMetrics() *Metrics {
 		duplicates:      c("duplicate_batches_total", "Live batches skipped because a replay had already applied them."),
 		replays:         cv("replays_total", "Replay attempts by result (ok, short, error, unavailable).", "result"),
 		replayedBatches: c("replayed_batches_total", "Batches received over replay sockets."),
-		resets:          cv("resets_total", "Replica entries cleared by the ingestor, by reason (restart, gap, short_replay).", "reason"),
+		resets:          cv("resets_total", "Replica entries cleared by the ingestor, by reason (restart, gap, short_replay, store_lost).", "reason"),
 		clears:          c("clears_total", "AllBlocksCleared events applied."),
 		decodeErrors:    cv("decode_errors_total", "Messages rejected whole, by reason.", "reason"),
 		orphans:         c("orphans_total", "BlockStored events skipped because their parent hash was unknown."),

@@ -64,7 +64,7 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 		}
 		if v[0] >= 0 {
-			return kvroute.ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+			return applyResult(v), nil
 		}
 		// The slot moved or the chains are not fresh: nothing was
 		// written, the general path applies the batch.
@@ -118,7 +118,13 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 	if len(v) == 5 && v[4] >= 0 {
 		s.slots.Store(ck, int(v[4]))
 	}
-	return kvroute.ApplyResult{Applied: v[0] == 1, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}, nil
+	return applyResult(v), nil
+}
+
+// applyResult reads apply.lua's and applyfast.lua's reply: status 1
+// applied over an applied seq, 2 applied with none before, 0 stale.
+func applyResult(v []int64) kvroute.ApplyResult {
+	return kvroute.ApplyResult{Applied: v[0] >= 1, NoPrior: v[0] == 2, Stored: int(v[1]), Removed: int(v[2]), Unknown: int(v[3])}
 }
 
 // slot returns the replica's slot for applyfast.lua: the one cached (ck is

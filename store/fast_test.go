@@ -215,7 +215,7 @@ func TestApplyRun(t *testing.T) {
 			t.Helper()
 			first := seq + 1
 			var ops []kvroute.IndexOp
-			want := kvroute.ApplyResult{Applied: true}
+			want := kvroute.ApplyResult{Applied: true, NoPrior: first == 1}
 			for _, b := range batches {
 				seq++
 				if _, err := e.s.Apply(ctx, single, "r0", seq, b); err != nil {

@@ -127,7 +127,8 @@ func newModel() *model {
 }
 
 func (m *model) apply(r string, ops []kvroute.IndexOp) kvroute.ApplyResult {
-	res := kvroute.ApplyResult{Applied: true}
+	// A replica the model never saw had no applied seq: its first run.
+	res := kvroute.ApplyResult{Applied: true, NoPrior: m.refs[r] == nil}
 	if m.refs[r] == nil {
 		m.refs[r] = map[kvroute.BlockKey]*[2]int{}
 		m.e2r[r] = map[uint64]kvroute.BlockKey{}

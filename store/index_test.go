@@ -116,15 +116,19 @@ func TestApply(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			forBackends(t, func(t *testing.T, e *env) {
 				m := newModel()
+				had := false // an applied seq is stored
 				for i, st := range tc.steps {
 					got, err := e.s.Apply(ctx, mdl, "a", st.seq, st.ops)
 					if err != nil {
 						t.Fatalf("step %d: apply: %v", i, err)
 					}
-					if got != st.want {
-						t.Errorf("step %d: apply = %+v, want %+v", i, got, st.want)
+					want := st.want
+					want.NoPrior = want.Applied && !had
+					if got != want {
+						t.Errorf("step %d: apply = %+v, want %+v", i, got, want)
 					}
 					if got.Applied {
+						had = true
 						m.apply("a", st.ops)
 					}
 				}
@@ -153,6 +157,59 @@ func TestApply(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestApplyNoPrior: a run applied to a replica the store holds no applied
+// seq for says so, through either script, so that a follower that had
+// applied the stream learns the store lost its entries (see
+// kvroute.ApplyResult.NoPrior).
+func TestApplyNoPrior(t *testing.T) {
+	ctx := context.Background()
+	k := chain(rand.New(rand.NewPCG(5, 6)), 12)
+	gpu := kvroute.TierGPU
+	forBackends(t, func(t *testing.T, e *env) {
+		steps := []struct {
+			name   string
+			before func(t *testing.T)
+			seq    int64
+			ops    []kvroute.IndexOp
+			want   bool
+		}{
+			{name: "first run (fresh chain)", seq: 4, ops: storeChain(k, 0, 4, gpu), want: true},
+			{name: "next run (fresh chain)", seq: 5, ops: storeChain(k, 4, 6, gpu)},
+			{name: "next run (general path)", seq: 6, ops: []kvroute.IndexOp{remove1(k[5], gpu)}},
+			{name: "after the store lost its data (fresh chain)", before: func(t *testing.T) {
+				if err := e.rc.FlushDB(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}, seq: 7, ops: storeChain(k, 6, 9, gpu), want: true},
+			{name: "after the store lost its data (general path)", before: func(t *testing.T) {
+				if err := e.rc.FlushDB(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}, seq: 8, ops: []kvroute.IndexOp{remove1(k[7], gpu)}, want: true},
+			{name: "after a reset", before: func(t *testing.T) {
+				if err := e.s.ResetReplica(ctx, mdl, "a"); err != nil {
+					t.Fatal(err)
+				}
+			}, seq: 9, ops: storeChain(k, 9, 12, gpu), want: true},
+			{name: "stale run", seq: 9, ops: storeChain(k, 9, 12, gpu)},
+		}
+		for _, st := range steps {
+			t.Run(st.name, func(t *testing.T) {
+				if st.before != nil {
+					st.before(t)
+				}
+				res, err := e.s.Apply(ctx, mdl, "a", st.seq, st.ops)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := res.NoPrior; got != st.want {
+					t.Errorf("NoPrior = %v (result %+v), want %v", got, res, st.want)
+				}
+			})
+		}
+	})
 }
 
 func TestResetAndPurge(t *testing.T) {

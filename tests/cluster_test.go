@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // TestClusterPrimaryRestart runs decisions for two models whose slots live
@@ -49,6 +50,72 @@ func TestClusterRegistryPrimaryRestart(t *testing.T) {
 	clusterFault(t, c, faultRegistry, "started again",
 		func(i int) { c.Stop(t, i, syscall.SIGKILL) },
 		func(i int) { c.Start(t, i) })
+}
+
+// TestClusterPrimaryLostData: the primary serving a model's slot restarts
+// empty (no persistence, a lost disk) between two of its replica's event
+// batches, while the shards holding the registry, the epoch and the
+// ingestor's lease keep their data: nothing reads as a reset of the whole
+// store, and the ingestor never met an error. The next batch it applies
+// finds the replica's applied seq gone; it must rebuild the replica's
+// entries from the replay buffer, so that prompts cached before the loss
+// are routed cache-aware again, not only the ones after it.
+func TestClusterPrimaryLostData(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	global := map[int]bool{c.Primary(t, "kvr:replicas"): true, c.Primary(t, "kvr:epoch"): true}
+	mdl, id := "", ""
+	for i := 0; mdl == "" && i < 256; i++ {
+		m := "lost-model-" + strconv.Itoa(i)
+		if !global[c.Primary(t, "kvr:{m:"+m+"}:load")] {
+			mdl = m
+		}
+	}
+	shard := c.Primary(t, "kvr:{m:"+mdl+"}:load")
+	for i := 0; id == "" && i < 256; i++ {
+		if r := "r" + strconv.Itoa(i); c.Primary(t, "kvr:own:ingest:"+r) != shard {
+			id = r
+		}
+	}
+	if mdl == "" || id == "" {
+		t.Fatal("no model and replica whose shard holds none of the global keys")
+	}
+	h := newClusterHarness(t, c, mdl)
+	rep := h.addReplica(id, vllmtest.Config{})
+	ing, _ := h.startIngestor("ing", h.openStore())
+	h.waitOwned(ing)
+
+	r := rand.New(rand.NewPCG(21, 21))
+	var before [][]int
+	for range 3 {
+		p := prompt(r, nil, 6*bs)
+		before = append(before, p)
+		if _, err := rep.Admit(p, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.synced(id)
+	h.waitTruth(before, false)
+
+	c.Stop(t, shard, syscall.SIGKILL)
+	c.Wipe(t, shard)
+	c.Start(t, shard)
+	c.WaitOK(t, 30*time.Second)
+	h.waitFor("the wiped shard answers, without the replica's applied seq", func() bool {
+		_, ok, err := h.st.AppliedSeq(h.ctx, mdl, id)
+		return err == nil && !ok
+	})
+
+	after := prompt(r, nil, 4*bs)
+	if _, err := rep.Admit(after, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.synced(id)
+	h.waitTruth(append(before, after), false)
+	for i, p := range before {
+		if d := h.route(p); d.Replica.ID != id || d.Matched != len(p)/bs {
+			t.Errorf("prompt %d cached before the loss: routed to %s with %d matched blocks, want %s with %d", i, d.Replica.ID, d.Matched, id, len(p)/bs)
+		}
+	}
 }
 
 // Which primary clusterFault brings down.

@@ -44,17 +44,43 @@ type harness struct {
 	// poll is how often waitFor re-checks; 20 ms unless a benchmark, whose
 	// measured time includes the poll's granularity, asks for finer.
 	poll time.Duration
+	// redis, when configured, is the store (a Cluster's seeds) in place of
+	// url.
+	redis store.Config
+	// mdl is the replicas' model; empty means the package's model.
+	mdl string
+}
+
+// model is the model the harness's replicas serve and its decisions ask for.
+func (h *harness) model() string {
+	if h.mdl != "" {
+		return h.mdl
+	}
+	return model
 }
 
 func newHarness(t testing.TB) *harness {
 	t.Helper()
+	return startHarness(t, &harness{url: redistest.Server(t)})
+}
+
+// newClusterHarness is newHarness over a Redis Cluster, its replicas
+// serving mdl (whose slot the test picks).
+func newClusterHarness(t testing.TB, c *redistest.RedisCluster, mdl string) *harness {
+	t.Helper()
+	return startHarness(t, &harness{redis: store.Config{Addrs: c.Addrs()}, mdl: mdl})
+}
+
+// startHarness starts the serve wiring over h's store.
+func startHarness(t testing.TB, h *harness) *harness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	h := &harness{t: t, ctx: ctx, url: redistest.Server(t), reps: map[string]*vllmtest.Replica{}}
+	h.t, h.ctx, h.reps = t, ctx, map[string]*vllmtest.Replica{}
 	cfg := router.DefaultConfig()
 	cfg.Seed = seed
 	cfg.RegistryTTL = 50 * time.Millisecond
-	a, err := app.New(ctx, app.Config{Listen: "127.0.0.1:0", RedisURL: h.url, Router: cfg})
+	a, err := app.New(ctx, app.Config{Listen: "127.0.0.1:0", RedisURL: h.url, Redis: h.redis, Router: cfg})
 	if err != nil {
 		t.Fatalf("app: %v", err)
 	}
@@ -69,7 +95,11 @@ func newHarness(t testing.TB) *harness {
 
 func (h *harness) openStore() *store.Store {
 	h.t.Helper()
-	st, err := store.Open(h.ctx, h.url, store.Options{})
+	c := h.redis
+	if !c.Configured() {
+		c = store.Config{URL: h.url}
+	}
+	st, err := store.OpenConfig(h.ctx, c, store.Options{})
 	if err != nil {
 		h.t.Fatalf("store: %v", err)
 	}
@@ -80,7 +110,7 @@ func (h *harness) openStore() *store.Store {
 // addReplica starts a simulated replica and registers it through the API.
 func (h *harness) addReplica(id string, cfg vllmtest.Config) *vllmtest.Replica {
 	h.t.Helper()
-	cfg.Model = model
+	cfg.Model = h.model()
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = bs
 	}
@@ -92,7 +122,7 @@ func (h *harness) addReplica(id string, cfg vllmtest.Config) *vllmtest.Replica {
 		h.t.Fatal(err)
 	}
 	h.t.Cleanup(func() { _ = r.Stop() })
-	body := fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, model, r.URL(), r.EventsEndpoint(), r.ReplayEndpoint())
+	body := fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, h.model(), r.URL(), r.EventsEndpoint(), r.ReplayEndpoint())
 	if code, resp := h.call("PUT", "/v1/replicas/"+id, body); code != http.StatusOK && code != http.StatusCreated {
 		h.t.Fatalf("register %s: %d %s", id, code, resp)
 	}
@@ -167,7 +197,7 @@ func (h *harness) synced(id string) {
 		if r.Seq() == 0 {
 			return true // it has published nothing (served no request)
 		}
-		seq, ok, err := h.st.AppliedSeq(h.ctx, model, id)
+		seq, ok, err := h.st.AppliedSeq(h.ctx, h.model(), id)
 		return err == nil && ok && seq == r.Seq()-1
 	})
 }
@@ -200,7 +230,7 @@ type decision struct {
 
 func (h *harness) route(tokens []int) decision {
 	h.t.Helper()
-	b, _ := json.Marshal(map[string]any{"model": model, "token_ids": tokens})
+	b, _ := json.Marshal(map[string]any{"model": h.model(), "token_ids": tokens})
 	code, body := h.call("POST", "/v1/route", string(b))
 	if code != http.StatusOK {
 		h.t.Fatalf("route: %d %s", code, body)
@@ -215,7 +245,9 @@ func (h *harness) route(tokens []int) decision {
 	return d
 }
 
-func keysOf(tokens []int) []kvroute.BlockKey {
+func keysOf(tokens []int) []kvroute.BlockKey { return keysFor(model, tokens) }
+
+func keysFor(model string, tokens []int) []kvroute.BlockKey {
 	u := make([]uint32, len(tokens))
 	for i, t := range tokens {
 		u[i] = uint32(t)
@@ -233,7 +265,7 @@ func (h *harness) mismatches(prompts [][]int, subset bool) []string {
 	}
 	var bad []string
 	for i, p := range prompts {
-		ov, _, err := h.st.Lookup(h.ctx, model, keysOf(p), ids)
+		ov, _, err := h.st.Lookup(h.ctx, h.model(), keysFor(h.model(), p), ids)
 		if err != nil {
 			return []string{err.Error()}
 		}

@@ -296,6 +296,33 @@ func (c *RedisCluster) Start(tb testing.TB, i int) {
 	tb.Logf("redistest: cluster node %s started again", n.addr())
 }
 
+// Wipe deletes stopped primary i's data (its AOF and any RDB file) and
+// keeps its cluster configuration, so that Start brings it back as the
+// same node serving the same slots, empty: a primary that ran without
+// persistence, or lost its disk, restarted.
+func (c *RedisCluster) Wipe(tb testing.TB, i int) {
+	tb.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[i]
+	if n.cmd != nil {
+		tb.Fatalf("redistest: cluster node %s runs: stop it before wiping its data", n.addr())
+	}
+	entries, err := os.ReadDir(n.dir)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	for _, e := range entries {
+		if e.Name() == "nodes.conf" {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(n.dir, e.Name())); err != nil {
+			tb.Fatalf("redistest: wiping cluster node %s: %v", n.addr(), err)
+		}
+	}
+	tb.Logf("redistest: cluster node %s wiped (its data gone, its slots kept)", n.addr())
+}
+
 // Restart stops primary i with sig, leaves it down for down, and starts it
 // again (see Stop and Start). It does not wait for the cluster to be ok.
 func (c *RedisCluster) Restart(tb testing.TB, i int, sig syscall.Signal, down time.Duration) {

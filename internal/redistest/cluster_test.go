@@ -54,4 +54,26 @@ func TestCluster(t *testing.T) {
 			}
 		})
 	}
+	t.Run("wiped restart comes back empty, serving its slots", func(t *testing.T) {
+		i := c.Primary(t, keys[0])
+		c.Stop(t, i, syscall.SIGTERM)
+		c.Wipe(t, i)
+		c.Start(t, i)
+		c.WaitOK(t, 30*time.Second)
+		for _, k := range keys {
+			var err error
+			for range 50 {
+				if err = rc.Get(ctx, k).Err(); err == nil || err == redis.Nil {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			switch {
+			case c.Primary(t, k) == i && err != redis.Nil:
+				t.Errorf("get %s on the wiped primary: %v; want nil (no such key)", k, err)
+			case c.Primary(t, k) != i && err != nil:
+				t.Errorf("get %s on another primary: %v; want its value", k, err)
+			}
+		}
+	})
 }

@@ -7,7 +7,8 @@
 --        hashes, n keys, n parent keys (8 big-endian bytes each; zero key: no
 --        parent; empty where the kind has none).
 -- Returns {applied, stored, removed, unknown, R's slot or -1} (Go caches the
--- slot for applyfast.lua). A batch whose seq (a run whose first seq) is not
+-- slot for applyfast.lua); applied is 0 (stale), 1, or 2 (applied, and R had
+-- no applied seq before). A batch whose seq (a run whose first seq) is not
 -- newer than the applied seq changes nothing, so redelivery is harmless.
 --
 -- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes, as
@@ -26,6 +27,9 @@ local nops = #kinds / 2
 local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
 local m = redis.call('HMGET', meta, 'seq', 'n')
 if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
+-- Applied is 1 over an applied seq, 2 when the replica had none: its first
+-- run, or the store lost or cleared its entries (see ApplyResult.NoPrior).
+local applied = m[1] and 1 or 2
 local held = tonumber(m[2] or 0) or 0
 local stored, removed, unknown = 0, 0, 0
 
@@ -65,7 +69,7 @@ if not slot then
     if byte(kinds, 2 * i - 1) == 82 then unknown = unknown + 1 end
   end
   redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', 0)
-  return {1, 0, 0, unknown, -1}
+  return {applied, 0, 0, unknown, -1}
 end
 local bvals = mget(BLK, K0 + 1, P0 + nops)
 do
@@ -333,4 +337,4 @@ end
 eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', held)
-return {1, stored, removed, unknown, slot}
+return {applied, stored, removed, unknown, slot}

@@ -10,7 +10,8 @@
 --        distinct) | its one record (14). Two strings rather than 4n
 --        arguments: Redis parses and converts each argument, which cost more
 --        than the script's string.sub calls.
--- Returns {1, n, 0, 0, slot} when applied, {0, 0, 0, 0} for a stale seq
+-- Returns {applied, n, 0, 0, slot} when applied (1, or 2 when the replica
+-- had no applied seq: see apply.lua), {0, 0, 0, 0} for a stale seq
 -- (the applied seq is first seq or newer), and {-1, 0, 0, 0, slot or -1}
 -- with nothing changed when the slot differs, a block already exists or an
 -- e2r field is taken: Go then applies the batch through apply.lua's general
@@ -19,6 +20,7 @@ local meta, BLK, E2R = KEYS[1], KEYS[3], KEYS[4]
 local R = ARGV[1]
 local m = redis.call('HMGET', meta, 'seq', 'n')
 if m[1] and tonumber(m[1]) >= tonumber(ARGV[6]) then return {0, 0, 0, 0} end
+local applied = m[1] and 1 or 2 -- as in apply.lua
 local s = redis.call('HGET', KEYS[2], R .. '#i')
 if s ~= ARGV[4] then return {-1, 0, 0, 0, tonumber(s) or -1} end
 local n = tonumber(ARGV[5])
@@ -55,4 +57,4 @@ for i = 1, 2 * n, 4000 do
   redis.call('HSET', E2R, unpack(es, i, j))
 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', (tonumber(m[2]) or 0) + n)
-return {1, n, 0, 0, tonumber(s)}
+return {applied, n, 0, 0, tonumber(s)}
