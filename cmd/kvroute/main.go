@@ -29,10 +29,11 @@ func main() {
 
 // commands maps subcommand names to their run functions.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
-	"serve":   runServe,
-	"ingest":  runIngest,
-	"sim":     runSim,
-	"version": runVersion,
+	"serve":       runServe,
+	"ingest":      runIngest,
+	"sim":         runSim,
+	"sim-replica": runSimReplica,
+	"version":     runVersion,
 	"tokenize": func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runTokenize(ctx, args, os.Stdin, stdout, stderr)
 	},
@@ -45,6 +46,8 @@ Usage:
                             (no --redis-url: embedded Redis, all in one process)
   kvroute ingest  [flags]   follow replicas' KV cache events into Redis
   kvroute sim     [flags]   replay a trace against engine models, compare policies
+  kvroute sim-replica [flags]
+                            a simulated vLLM replica (no GPU): OpenAI API, KV cache events
   kvroute tokenize --tokenizer DIR [--add-special-tokens] [--chat] [--jsonl] [TEXT]
                             print the token ids kvroute computes (compare with your engine)
   kvroute version           print the version

@@ -55,6 +55,21 @@ const (
 	demoUser = "Why does a repeated prompt come back to the same replica?"
 )
 
+// demoEngine loads what a simulated replica tokenizes with: the Qwen3
+// tokenizer shipped in the binary (behind a tokenization cache) and its
+// chat template, the files kvroute tokenizes model "demo" with.
+func demoEngine() (vllmtest.Encoder, vllmtest.ChatRenderer, error) {
+	tok, err := qwen3.Load()
+	if err != nil {
+		return nil, nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	tmpl, err := template.LoadFS(qwen3.FS, ".", template.Options{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("chat template: %w", err)
+	}
+	return tokenizer.NewCache(tok, demoTokenizerCacheBytes), tmpl, nil
+}
+
 // DemoReplicas starts n simulated vLLM replicas in this process, registers
 // them (events and replay endpoints included, so the embedded ingestor
 // follows them) and prints requests a newcomer can paste. The replicas
@@ -67,15 +82,10 @@ func DemoReplicas(n int, out io.Writer) Task {
 		// Loaded once and shared: parsing takes about half a second, and
 		// the tokenizer, its cache and the template are safe for
 		// concurrent use.
-		tok, err := qwen3.Load()
+		enc, tmpl, err := demoEngine()
 		if err != nil {
-			return fmt.Errorf("demo replica: tokenizer: %w", err)
+			return fmt.Errorf("demo replica: %w", err)
 		}
-		tmpl, err := template.LoadFS(qwen3.FS, ".", template.Options{})
-		if err != nil {
-			return fmt.Errorf("demo replica: chat template: %w", err)
-		}
-		enc := tokenizer.NewCache(tok, demoTokenizerCacheBytes)
 
 		var reps []*vllmtest.Replica
 		defer func() {

@@ -1,0 +1,99 @@
+package infra_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/internal/redistest"
+)
+
+// TestLocalFleet runs compose.yaml's fleet as the processes its services
+// run, without a container runtime: a real redis-server, two `kvroute
+// sim-replica`, `kvroute serve` registering them from a replicas file
+// (compose's, with loopback addresses for the service names) and two
+// `kvroute ingest` sharing them by leases. A chat sent twice through the
+// proxy must come back to the replica that cached it, with the blocks
+// the ingestors indexed from its events, and the replica must report
+// those tokens cached.
+func TestLocalFleet(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	redisURL := redistest.Server(t)
+
+	var reps []map[string]any
+	for i := range 2 {
+		httpAddr := freeAddr(t)
+		events, replay := "tcp://"+freeAddr(t), "tcp://"+freeAddr(t)
+		p := startProc(t, "sim-replica", "--listen", httpAddr, "--events", events, "--replay", replay, "--log-format", "json")
+		waitHTTP(t, p, "http://"+httpAddr+"/health", 30*time.Second)
+		reps = append(reps, map[string]any{"id": fmt.Sprintf("sim-%d", i), "model": "demo",
+			"url": "http://" + httpAddr, "events": events, "replay": replay})
+	}
+	raw, _ := json.Marshal(reps)
+	file := filepath.Join(t.TempDir(), "replicas.json")
+	if err := os.WriteFile(file, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		startProc(t, "ingest", "--redis-url", redisURL, "--owner", fmt.Sprintf("fleet-ingest-%d", i),
+			"--metrics-listen", freeAddr(t), "--health-interval", "200ms", "--metrics-interval", "200ms")
+	}
+	addr := freeAddr(t)
+	base := "http://" + addr
+	serve := startProc(t, "serve", "--listen", addr, "--redis-url", redisURL, "--replicas-file", file)
+	waitHTTP(t, serve, base+"/readyz", 30*time.Second)
+
+	chat := `{"model":"demo","max_tokens":4,"messages":[` +
+		`{"role":"system","content":"You route requests to vLLM replicas by the prefix blocks each replica already holds in its KV cache, and you keep answers short."},` +
+		`{"role":"user","content":"Which replica holds my prefix?"}]}`
+	send := func() (replica string, matched string, cached int) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("chat completion: %d, %v", resp.StatusCode, err)
+		}
+		return resp.Header.Get("X-Kvroute-Replica"), resp.Header.Get("X-Kvroute-Matched-Blocks"), out.Usage.Details.Cached
+	}
+	first, _, _ := send()
+	if first == "" {
+		t.Fatal("the proxy named no replica")
+	}
+	// The ingestors index the first chat's blocks from the replica's
+	// events within a moment; until then a repeat may land anywhere.
+	var replica, matched string
+	var cached int
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		replica, matched, cached = send()
+		if (replica == first && matched != "0" && cached > 0) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if replica != first || matched == "0" || cached == 0 {
+		t.Fatalf("repeat went to %s with %s matched blocks and %d cached tokens; want %s, cache-aware", replica, matched, cached, first)
+	}
+	if want := matched; strconv.Itoa(cached/16) != want {
+		t.Errorf("the replica served %d cached tokens (%d blocks of 16); the router promised %s blocks", cached, cached/16, want)
+	}
+	t.Logf("repeat routed to %s: %s matched blocks, %d tokens cached on the replica", replica, matched, cached)
+}
