@@ -28,6 +28,11 @@ type fakeStore struct {
 	calls    map[string]int     // ApplyRun calls
 	resets   map[string]int
 	failNext int // ApplyRun errors left to return
+	// failAfter is how many ApplyRun calls apply and then return an error,
+	// as a reply lost after the script ran; failReset how many
+	// ResetReplica calls fail.
+	failAfter, failReset int
+	from                 map[string]int64 // first seq of the history stored
 
 	replicas  []kvroute.Replica
 	version   int64
@@ -45,7 +50,7 @@ func newFakeStore() *fakeStore {
 		seq: map[string]int64{}, e2r: map[string]map[uint64]kvroute.BlockKey{},
 		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, calls: map[string]int{}, resets: map[string]int{},
 		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{}, blockSize: map[string]int{},
-		purged: map[string]int{},
+		purged: map[string]int{}, from: map[string]int64{},
 	}
 }
 
@@ -94,7 +99,21 @@ func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, la
 		s.applied[id] = append(s.applied[id], seq)
 	}
 	res.Applied, res.NoPrior = true, !had
+	if !had {
+		s.from[id] = first
+	}
+	if s.failAfter > 0 {
+		s.failAfter--
+		return kvroute.ApplyResult{}, errors.New("fake: reply lost")
+	}
 	return res, nil
+}
+
+func (s *fakeStore) HistoryStart(_ context.Context, model, replica string) (int64, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.from[model+"/"+replica]
+	return v, ok, nil
 }
 
 // lose forgets a replica's entries and seq as a store that lost its data
@@ -106,6 +125,7 @@ func (s *fakeStore) lose(model, replica string) {
 	delete(s.seq, id)
 	delete(s.e2r, id)
 	delete(s.held, id)
+	delete(s.from, id)
 }
 
 func (s *fakeStore) AppliedSeq(_ context.Context, model, replica string) (int64, bool, error) {
@@ -118,7 +138,12 @@ func (s *fakeStore) AppliedSeq(_ context.Context, model, replica string) (int64,
 func (s *fakeStore) ResetReplica(_ context.Context, model, replica string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.failReset > 0 {
+		s.failReset--
+		return errors.New("fake: reset unavailable")
+	}
 	id := model + "/" + replica
+	delete(s.from, id)
 	delete(s.seq, id)
 	delete(s.e2r, id)
 	delete(s.held, id)

@@ -20,6 +20,9 @@ type IndexStore interface {
 	// (see store.Store.ApplyRun).
 	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error)
 	AppliedSeq(ctx context.Context, model, replica string) (int64, bool, error)
+	// HistoryStart is the first seq of the run that began the replica's
+	// history in the store (see store.Store.HistoryStart).
+	HistoryStart(ctx context.Context, model, replica string) (int64, bool, error)
 	ResetReplica(ctx context.Context, model, replica string) error
 }
 
@@ -107,6 +110,11 @@ type Follower struct {
 	// the replica's entries (see kvroute.ApplyResult.NoPrior), and relearn
 	// must rebuild them.
 	lost bool
+	// failedFirst is the first seq of a run whose apply failed while it
+	// continued the follower's history, -1 if none: the script may have run
+	// and found the loss, its reply lost with the error. readSeq asks the
+	// store whether that run began a new history.
+	failedFirst int64
 
 	// ops and run are reused from one store call to the next.
 	ops []kvroute.IndexOp
@@ -133,16 +141,17 @@ func NewFollower(c FollowerConfig) *Follower {
 		c.Metrics = NewMetrics()
 	}
 	return &Follower{
-		rep:        c.Replica,
-		st:         c.Store,
-		replay:     c.Replay,
-		tr:         NewTranslator(c.Replica.Model, c.Replica.ID, c.Seed, c.Store),
-		m:          c.Metrics,
-		log:        c.Logger.With("replica", c.Replica.ID),
-		now:        c.Now,
-		last:       -1,
-		liveSeq:    -1,
-		replayedTo: -1,
+		rep:         c.Replica,
+		st:          c.Store,
+		replay:      c.Replay,
+		tr:          NewTranslator(c.Replica.Model, c.Replica.ID, c.Seed, c.Store),
+		m:           c.Metrics,
+		log:         c.Logger.With("replica", c.Replica.ID),
+		now:         c.Now,
+		last:        -1,
+		liveSeq:     -1,
+		replayedTo:  -1,
+		failedFirst: -1,
 	}
 }
 
@@ -167,10 +176,10 @@ func (f *Follower) Sync(ctx context.Context) error {
 			return ctx.Err()
 		}
 		f.log.Warn("replay on connect", "err", err)
-		return nil
+		return f.relearn(ctx)
 	}
 	f.verified = true
-	return nil
+	return f.relearn(ctx)
 }
 
 // Invalidate makes the next message re-read the store's applied seq, after
@@ -182,6 +191,19 @@ func (f *Follower) readSeq(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("applied seq: %w", err)
 	}
+	if failed := f.failedFirst; failed >= 0 && ok && seq >= failed {
+		// The run that failed, or more, is applied. If it began the
+		// history the store now holds, it found the loss and its reply
+		// went with the error: the store lost what came before.
+		from, has, err := f.st.HistoryStart(ctx, f.rep.Model, f.rep.ID)
+		if err != nil {
+			return fmt.Errorf("history start: %w", err)
+		}
+		if has && from == failed {
+			f.lost = true
+		}
+	}
+	f.failedFirst = -1
 	if !ok {
 		// Reset or purged: every cached key may be gone from the store.
 		f.tr.Reset()
@@ -358,15 +380,18 @@ func (f *Follower) relearn(ctx context.Context) error {
 	if !f.lost {
 		return nil
 	}
-	f.lost = false
-	f.log.Warn("the store lost the replica's index entries; rebuilding them from the replay buffer", "applied", f.last)
 	if f.replay == nil {
+		f.lost = false
+		f.log.Warn("the store lost the replica's index entries; without a replay socket only what the stream brings from now on is indexed", "applied", f.last)
 		f.m.replays.WithLabelValues("unavailable").Inc()
 		return nil
 	}
+	f.log.Warn("the store lost the replica's index entries; rebuilding them from the replay buffer", "applied", f.last)
 	if err := f.reset(ctx, "store_lost"); err != nil {
+		// Still lost: the next batch tries again.
 		return err
 	}
+	f.lost = false
 	if err := f.catchUp(ctx); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -502,7 +527,7 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 	res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, first, last, f.ops[:run[len(run)-1].end])
 	if err != nil {
 		// The store is the truth: re-read it before the next batch.
-		f.synced = false
+		f.failed(first)
 		return 1, fmt.Errorf("apply seq %d: %w", first, err)
 	}
 	if res.Applied || len(run) == 1 {
@@ -515,13 +540,24 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 		seq := int64(p.b.Seq)
 		res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, seq, seq, f.ops[from:p.end])
 		if err != nil {
-			f.synced = false
+			f.failed(seq)
 			return i + 1, fmt.Errorf("apply seq %d: %w", seq, err)
 		}
 		f.account(run[i:i+1], res)
 		from = p.end
 	}
 	return len(run), nil
+}
+
+// failed notes an apply of a run from first that returned an error: the
+// store must be re-read before the next batch, and when the run continued
+// the follower's history, readSeq checks whether it found the store had
+// lost it.
+func (f *Follower) failed(first int64) {
+	f.synced = false
+	if f.have && first == f.last+1 {
+		f.failedFirst = first
+	}
 }
 
 // account records the metrics of batches applied together with result res,

@@ -160,9 +160,10 @@ func TestApply(t *testing.T) {
 }
 
 // TestApplyNoPrior: a run applied to a replica the store holds no applied
-// seq for says so, through either script, so that a follower that had
-// applied the stream learns the store lost its entries (see
-// kvroute.ApplyResult.NoPrior).
+// seq for says so, through either script, and is kept as the start of the
+// replica's history (HistoryStart), so that a follower that had applied
+// the stream learns the store lost its entries (see
+// kvroute.ApplyResult.NoPrior), even when the reply was lost.
 func TestApplyNoPrior(t *testing.T) {
 	ctx := context.Background()
 	k := chain(rand.New(rand.NewPCG(5, 6)), 12)
@@ -174,26 +175,30 @@ func TestApplyNoPrior(t *testing.T) {
 			seq    int64
 			ops    []kvroute.IndexOp
 			want   bool
+			from   int64 // HistoryStart after the run
 		}{
-			{name: "first run (fresh chain)", seq: 4, ops: storeChain(k, 0, 4, gpu), want: true},
-			{name: "next run (fresh chain)", seq: 5, ops: storeChain(k, 4, 6, gpu)},
-			{name: "next run (general path)", seq: 6, ops: []kvroute.IndexOp{remove1(k[5], gpu)}},
+			{name: "first run (fresh chain)", seq: 4, ops: storeChain(k, 0, 4, gpu), want: true, from: 4},
+			{name: "next run (fresh chain)", seq: 5, ops: storeChain(k, 4, 6, gpu), from: 4},
+			{name: "next run (general path)", seq: 6, ops: []kvroute.IndexOp{remove1(k[5], gpu)}, from: 4},
 			{name: "after the store lost its data (fresh chain)", before: func(t *testing.T) {
 				if err := e.rc.FlushDB(ctx).Err(); err != nil {
 					t.Fatal(err)
 				}
-			}, seq: 7, ops: storeChain(k, 6, 9, gpu), want: true},
+			}, seq: 7, ops: storeChain(k, 6, 9, gpu), want: true, from: 7},
 			{name: "after the store lost its data (general path)", before: func(t *testing.T) {
 				if err := e.rc.FlushDB(ctx).Err(); err != nil {
 					t.Fatal(err)
 				}
-			}, seq: 8, ops: []kvroute.IndexOp{remove1(k[7], gpu)}, want: true},
+			}, seq: 8, ops: []kvroute.IndexOp{remove1(k[7], gpu)}, want: true, from: 8},
 			{name: "after a reset", before: func(t *testing.T) {
 				if err := e.s.ResetReplica(ctx, mdl, "a"); err != nil {
 					t.Fatal(err)
 				}
-			}, seq: 9, ops: storeChain(k, 9, 12, gpu), want: true},
-			{name: "stale run", seq: 9, ops: storeChain(k, 9, 12, gpu)},
+				if _, ok, err := e.s.HistoryStart(ctx, mdl, "a"); err != nil || ok {
+					t.Errorf("HistoryStart after a reset: ok %v, %v; want none", ok, err)
+				}
+			}, seq: 9, ops: storeChain(k, 9, 12, gpu), want: true, from: 9},
+			{name: "stale run", seq: 9, ops: storeChain(k, 9, 12, gpu), from: 9},
 		}
 		for _, st := range steps {
 			t.Run(st.name, func(t *testing.T) {
@@ -206,6 +211,9 @@ func TestApplyNoPrior(t *testing.T) {
 				}
 				if got := res.NoPrior; got != st.want {
 					t.Errorf("NoPrior = %v (result %+v), want %v", got, res, st.want)
+				}
+				if from, ok, err := e.s.HistoryStart(ctx, mdl, "a"); err != nil || !ok || from != st.from {
+					t.Errorf("HistoryStart = %d, %v, %v; want %d, true", from, ok, err, st.from)
 				}
 			})
 		}

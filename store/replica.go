@@ -28,6 +28,26 @@ func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int6
 	return seq, true, nil
 }
 
+// HistoryStart returns the first seq of the run that began the replica's
+// history in the store: the run that found no applied seq (its first ever,
+// or the first after a reset or a loss; see kvroute.ApplyResult.NoPrior).
+// ok is false while the store holds no history for it. A follower whose
+// apply failed asks it to learn whether its own run began a new history,
+// when the reply that would have said so was lost.
+func (s *Store) HistoryStart(ctx context.Context, model, replica string) (from int64, ok bool, err error) {
+	v, err := s.c.HGet(ctx, metaKey(model, replica), "from").Result()
+	if err == redis.Nil {
+		return 0, false, nil
+	} else if err != nil {
+		return 0, false, wrap("history start", err)
+	}
+	from, err = strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("store: history start: %w", err)
+	}
+	return from, true, nil
+}
+
 // ResetReplica forgets every event-fed entry of the replica and its applied
 // seq, for an engine that restarted (its seq starts over) or a stream the
 // ingestor must rebuild. Approximate entries and load are kept.

@@ -29,6 +29,9 @@ local m = redis.call('HMGET', meta, 'seq', 'n')
 if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
 -- Applied is 1 over an applied seq, 2 when the replica had none: its first
 -- run, or the store lost or cleared its entries (see ApplyResult.NoPrior).
+-- Such a run starts the replica's history in the store: its first seq is
+-- kept as meta's 'from' (Store.HistoryStart), so that a follower whose
+-- reply was lost can still tell.
 local applied = m[1] and 1 or 2
 local held = tonumber(m[2] or 0) or 0
 local stored, removed, unknown = 0, 0, 0
@@ -69,6 +72,7 @@ if not slot then
     if byte(kinds, 2 * i - 1) == 82 then unknown = unknown + 1 end
   end
   redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', 0)
+  if applied == 2 then redis.call('HSET', meta, 'from', ARGV[4]) end
   return {applied, 0, 0, unknown, -1}
 end
 local bvals = mget(BLK, K0 + 1, P0 + nops)
@@ -337,4 +341,5 @@ end
 eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', held)
+if applied == 2 then redis.call('HSET', meta, 'from', ARGV[4]) end
 return {applied, stored, removed, unknown, slot}

@@ -57,4 +57,5 @@ for i = 1, 2 * n, 4000 do
   redis.call('HSET', E2R, unpack(es, i, j))
 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', (tonumber(m[2]) or 0) + n)
+if applied == 2 then redis.call('HSET', meta, 'from', ARGV[6]) end
 return {applied, n, 0, 0, tonumber(s)}
