@@ -214,6 +214,14 @@ queued:
 // handle decodes fs and hands the batches to the follower in order, a
 // resync in between splitting them.
 func (w *worker) handle(ctx context.Context, fs []feed) {
+	// A purge signalled while these messages queued came first: the
+	// follower must re-read the store before applying them, or it would
+	// take the purge for a store that lost the replica and rebuild it.
+	select {
+	case <-w.purged:
+		w.follower.Invalidate()
+	default:
+	}
 	bs := w.bs[:0]
 	for _, f := range fs {
 		if !f.resync {
