@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,9 +21,10 @@ import (
 // sim-replica`, `kvroute serve` registering them from a replicas file
 // (compose's, with loopback addresses for the service names) and two
 // `kvroute ingest` sharing them by leases. A chat sent twice through the
-// proxy must come back to the replica that cached it, with the blocks
-// the ingestors indexed from its events, and the replica must report
-// those tokens cached.
+// proxy (compose.yaml's own example, read from its comments) must come
+// back to the replica that cached it, with the blocks the ingestors
+// indexed from its events, and the replica must report those tokens
+// cached.
 func TestLocalFleet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -51,10 +53,8 @@ func TestLocalFleet(t *testing.T) {
 	serve := startProc(t, "serve", "--listen", addr, "--redis-url", redisURL, "--replicas-file", file)
 	waitHTTP(t, serve, base+"/readyz", 30*time.Second)
 
-	chat := `{"model":"demo","max_tokens":4,"messages":[` +
-		`{"role":"system","content":"You route requests to vLLM replicas by the prefix blocks each replica already holds in its KV cache, and you keep answers short."},` +
-		`{"role":"user","content":"Which replica holds my prefix?"}]}`
-	send := func() (replica string, matched string, cached int) {
+	chat := composeExample(t)
+	send := func() (replica string, matched int, cached int) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat))
 		req.Header.Set("Content-Type", "application/json")
@@ -73,7 +73,11 @@ func TestLocalFleet(t *testing.T) {
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("chat completion: %d, %v", resp.StatusCode, err)
 		}
-		return resp.Header.Get("X-Kvroute-Replica"), resp.Header.Get("X-Kvroute-Matched-Blocks"), out.Usage.Details.Cached
+		m, err := strconv.Atoi(resp.Header.Get("X-Kvroute-Matched-Blocks"))
+		if err != nil {
+			t.Fatalf("X-Kvroute-Matched-Blocks %q: %v", resp.Header.Get("X-Kvroute-Matched-Blocks"), err)
+		}
+		return resp.Header.Get("X-Kvroute-Replica"), m, out.Usage.Details.Cached
 	}
 	first, _, _ := send()
 	if first == "" {
@@ -81,19 +85,38 @@ func TestLocalFleet(t *testing.T) {
 	}
 	// The ingestors index the first chat's blocks from the replica's
 	// events within a moment; until then a repeat may land anywhere.
-	var replica, matched string
-	var cached int
+	var replica string
+	var matched, cached int
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		replica, matched, cached = send()
-		if (replica == first && matched != "0" && cached > 0) || time.Now().After(deadline) {
+		if (replica == first && matched > 0 && cached > 0) || time.Now().After(deadline) {
 			break
 		}
 	}
-	if replica != first || matched == "0" || cached == 0 {
-		t.Fatalf("repeat went to %s with %s matched blocks and %d cached tokens; want %s, cache-aware", replica, matched, cached, first)
+	if replica != first || matched == 0 || cached == 0 {
+		t.Fatalf("repeat went to %s with %d matched blocks and %d cached tokens; want %s, cache-aware", replica, matched, cached, first)
 	}
-	if want := matched; strconv.Itoa(cached/16) != want {
-		t.Errorf("the replica served %d cached tokens (%d blocks of 16); the router promised %s blocks", cached, cached/16, want)
+	if cached/16 != matched {
+		t.Errorf("the replica served %d cached tokens (%d blocks of 16); the router promised %d blocks", cached, cached/16, matched)
 	}
-	t.Logf("repeat routed to %s: %s matched blocks, %d tokens cached on the replica", replica, matched, cached)
+	t.Logf("repeat routed to %s: %d matched blocks, %d tokens cached on the replica", replica, matched, cached)
+}
+
+var composeCurl = regexp.MustCompile(`(?m)^#\s+curl -si localhost:8080/v1/chat/completions -d '(\{.*\})'$`)
+
+// composeExample is the chat compose.yaml's comments tell a user to send.
+func composeExample(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(t), "compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := composeCurl.FindSubmatch(b)
+	if m == nil {
+		t.Fatal("compose.yaml's comments show no chat completion to send")
+	}
+	if !json.Valid(m[1]) {
+		t.Fatalf("compose.yaml's example is not JSON: %s", m[1])
+	}
+	return string(m[1])
 }

@@ -355,51 +355,39 @@ func TestFollowerStoreLost(t *testing.T) {
 			t.Errorf("unavailable replays: got %v, want 1", got)
 		}
 	})
-	t.Run("the reset that would rebuild fails: the next batch tries again", func(t *testing.T) {
-		fx := newFollow(t, true, 0)
-		for range 3 {
+	// A store call fails once on the way; the next batch must still end
+	// with the whole stream indexed, rebuilt only when the data was lost.
+	for _, tc := range []struct {
+		name   string
+		lost   bool
+		fail   func(*fakeStore)
+		resets int
+	}{
+		{"the reset that would rebuild fails: the next batch tries again", true, func(s *fakeStore) { s.failReset = 1 }, 1},
+		{"the reply that said so is lost: the store's history start tells", true, func(s *fakeStore) { s.failAfter = 1 }, 1},
+		{"a lost reply over a store that kept its data is no loss", false, func(s *fakeStore) { s.failAfter = 1 }, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fx := newFollow(t, true, 0)
+			for range 3 {
+				fx.live(t, fx.block())
+			}
+			if tc.lost {
+				fx.st.lose(tModel, tRep)
+			}
+			tc.fail(fx.st)
+			b, _ := kvevents.Decode(fx.block())
+			if err := fx.f.Handle(t.Context(), b); err == nil {
+				t.Fatal("Handle: got nil error from a failed store call")
+			}
 			fx.live(t, fx.block())
-		}
-		fx.st.lose(tModel, tRep)
-		fx.st.failReset = 1
-		b, _ := kvevents.Decode(fx.block())
-		if err := fx.f.Handle(t.Context(), b); err == nil {
-			t.Fatal("Handle: got nil error from a failed reset")
-		}
-		fx.live(t, fx.block())
-		fx.wantResets(t, 1)
-		fx.wantHeld(t, 0, 5)
-	})
-	t.Run("the reply that said so is lost: the store's history start tells", func(t *testing.T) {
-		fx := newFollow(t, true, 0)
-		for range 3 {
-			fx.live(t, fx.block())
-		}
-		fx.st.lose(tModel, tRep)
-		fx.st.failAfter = 1
-		b, _ := kvevents.Decode(fx.block())
-		if err := fx.f.Handle(t.Context(), b); err == nil {
-			t.Fatal("Handle: got nil error from a lost reply")
-		}
-		fx.live(t, fx.block())
-		fx.wantResets(t, 1)
-		fx.wantHeld(t, 0, 5)
-	})
-	t.Run("a lost reply over a store that kept its data is no loss", func(t *testing.T) {
-		fx := newFollow(t, true, 0)
-		for range 3 {
-			fx.live(t, fx.block())
-		}
-		fx.st.failAfter = 1
-		b, _ := kvevents.Decode(fx.block())
-		if err := fx.f.Handle(t.Context(), b); err == nil {
-			t.Fatal("Handle: got nil error from a lost reply")
-		}
-		fx.live(t, fx.block())
-		fx.wantApplied(t, 0, 1, 2, 3, 4)
-		fx.wantResets(t, 0)
-		fx.wantHeld(t, 0, 5)
-	})
+			if !tc.lost {
+				fx.wantApplied(t, 0, 1, 2, 3, 4)
+			}
+			fx.wantResets(t, tc.resets)
+			fx.wantHeld(t, 0, 5)
+		})
+	}
 	t.Run("a follower that never applied takes an empty store for its start", func(t *testing.T) {
 		fx := newFollow(t, true, 0)
 		fx.live(t, fx.block())

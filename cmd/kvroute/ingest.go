@@ -40,13 +40,7 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 	fs.DurationVar(&c.ing.StallTimeout, "stall-timeout", 30*time.Second, "silence after which an event stream is flagged and redialled")
 	fs.StringVar(&c.log.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&c.log.format, "log-format", "text", "log `format`: text or json")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: kvroute ingest [flags]\n\nFollows every registered replica's KV-cache events into Redis. Run several: they share the replicas by leases.\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(stderr, "  --%s %s\n    \t%s (env %s, default %q)\n", f.Name, name, usage, envName(f.Name), f.DefValue)
-		})
-	}
+	fs.Usage = flagUsage(fs, stderr, "ingest", "Follows every registered replica's KV-cache events into Redis. Run several: they share the replicas by leases.\n")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -29,6 +29,20 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// flagUsage is the -h of a command whose flags the environment also sets
+// (applyEnv): about, then every flag with its variable and default, in the
+// one format tools and the infra tests read ("--name arg  (env NAME,
+// default "v")").
+func flagUsage(fs *flag.FlagSet, w io.Writer, command, about string) func() {
+	return func() {
+		fmt.Fprintf(w, "Usage: kvroute %s [flags]\n\n%sEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n", command, about)
+		fs.VisitAll(func(f *flag.Flag) {
+			name, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(w, "  --%s %s  (env %s, default %q)\n    \t%s\n", f.Name, name, envName(f.Name), f.DefValue, usage)
+		})
+	}
+}
+
 // runServe is `kvroute serve`: the HTTP scoring pod. Without a Redis URL it
 // runs everything in one process over an embedded Redis.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -111,13 +125,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	lc.access = addAccessFlags(fs, &rc)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: kvroute serve [flags]\n\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(stderr, "  --%s %s  (env %s, default %q)\n    \t%s\n", f.Name, name, envName(f.Name), f.DefValue, usage)
-		})
-	}
+	fs.Usage = flagUsage(fs, stderr, "serve", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, lc, err

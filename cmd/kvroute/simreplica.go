@@ -31,13 +31,7 @@ func parseSimReplica(args []string, getenv func(string) string, stderr io.Writer
 	fs.Float64Var(&c.DecodeTokensPerSec, "decode-tokens-per-sec", 200, "simulated decode speed, in output tokens a second (0: instantaneous)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: kvroute sim-replica [flags]\n\nRuns one simulated vLLM replica (no model, no GPU): the OpenAI API, KV cache events over ZeroMQ\nwith a replay socket, and Qwen3's tokenizer and chat template. For local fleets and trials; register it\nwith kvroute serve like any replica.\nEvery flag can also be set by its environment variable; a flag on the command line wins.\n\n")
-		fs.VisitAll(func(f *flag.Flag) {
-			name, usage := flag.UnquoteUsage(f)
-			fmt.Fprintf(stderr, "  --%s %s  (env %s, default %q)\n    \t%s\n", f.Name, name, envName(f.Name), f.DefValue, usage)
-		})
-	}
+	fs.Usage = flagUsage(fs, stderr, "sim-replica", "Runs one simulated vLLM replica (no model, no GPU): the OpenAI API, KV cache events over ZeroMQ\nwith a replay socket, and Qwen3's tokenizer and chat template. For local fleets and trials; register it\nwith kvroute serve like any replica.\n")
 	if err := fs.Parse(args); err != nil {
 		return c, lc, err
 	}

@@ -36,16 +36,18 @@ type SimReplicaConfig struct {
 	Logger *slog.Logger
 }
 
-// RunSimReplica runs one simulated vLLM replica until ctx ends: the process
-// behind `kvroute sim-replica`, so that a local fleet (compose.yaml) or a
-// staging cluster can run Redis, scoring pods and ingestors for real
-// against engines that need no GPU. It tokenizes as the demo replicas do
-// (demoEngine), so kvroute's built-in tokenizer for model "demo" and the
-// replica key the same blocks; under another model name kvroute tokenizes
-// through the replica's /tokenize, with the same result.
+// RunSimReplica runs one simulated vLLM replica until ctx ends, then lets
+// the requests in flight finish (up to 2 s) before it closes its sockets:
+// the process behind `kvroute sim-replica`, so that a local fleet
+// (compose.yaml) or a staging cluster can run Redis, scoring pods and
+// ingestors for real against engines that need no GPU. It tokenizes as
+// the demo replicas do (demoEngine). A scoring pod with no tokenizer files
+// for its model tokenizes text and chat prompts through the replica's own
+// /tokenize, so both sides key the same blocks; one given the Qwen3 files
+// (--tokenizer MODEL=DIR) saves that round trip.
 func RunSimReplica(ctx context.Context, c SimReplicaConfig) error {
 	if c.Listen == "" || c.Events == "" || c.Replay == "" {
-		return errors.New("sim-replica: the HTTP address and both ZeroMQ endpoints are required")
+		return errors.New("the HTTP address and both ZeroMQ endpoints are required")
 	}
 	log := c.Logger
 	if log == nil {
@@ -53,7 +55,7 @@ func RunSimReplica(ctx context.Context, c SimReplicaConfig) error {
 	}
 	enc, tmpl, err := demoEngine()
 	if err != nil {
-		return fmt.Errorf("sim-replica: %w", err)
+		return err
 	}
 	r, err := vllmtest.New(vllmtest.Config{
 		Model: c.Model, BlockSize: c.BlockSize, CapacityBlocks: c.CapacityBlocks,
@@ -63,17 +65,18 @@ func RunSimReplica(ctx context.Context, c SimReplicaConfig) error {
 		Logger: log,
 	})
 	if err != nil {
-		return fmt.Errorf("sim-replica: %w", err)
+		return err
 	}
-	if err := r.Start(ctx); err != nil {
-		return fmt.Errorf("sim-replica: %w", err)
+	// Not ctx itself: a replica whose context ends stops on a goroutine of
+	// its own, and this process would exit before the requests in flight
+	// were answered.
+	if err := r.Start(context.WithoutCancel(ctx)); err != nil {
+		return err
 	}
-	log.Info("simulated vLLM replica serving", "model", c.Model, "url", r.URL(),
-		"events", r.EventsEndpoint(), "replay", r.ReplayEndpoint(), "topic", r.Topic())
 	<-ctx.Done()
 	log.Info("shutting down")
 	if err := r.Stop(); err != nil {
-		return fmt.Errorf("sim-replica: stop: %w", err)
+		return fmt.Errorf("stop: %w", err)
 	}
 	return nil
 }
