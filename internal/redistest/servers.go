@@ -1,0 +1,276 @@
+package redistest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The servers here are for the topologies and settings a store is opened
+// with (TLS, ACL users, Sentinel): real redis-server processes started for
+// one test on loopback, stopped when it ends. Like Server, they skip the
+// test without redis-server, or fail it when CI is set.
+
+// run starts a redis-server with the arguments args gives for a free port
+// and a data directory of its own, and waits until probe, given its
+// address, succeeds. A port taken between picking and binding is retried.
+func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) error) string {
+	tb.Helper()
+	bin := lookPath(tb, "redis-server")
+	var last error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		dir := tb.TempDir()
+		cmd := exec.Command(bin, args(port, dir)...)
+		cmd.Dir = dir
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			tb.Fatalf("redistest: %s: %v", what, err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		last = waitProbe(exited, &out, addr, probe)
+		if last == nil {
+			tb.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+			})
+			tb.Logf("real %s at %s", what, addr)
+			return addr
+		}
+		_ = cmd.Process.Kill()
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+		}
+	}
+	tb.Fatalf("redistest: starting %s: %v", what, last)
+	return ""
+}
+
+func waitProbe(exited chan error, out *strings.Builder, addr string, probe func(ctx context.Context, addr string) error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			exited <- err
+			return fmt.Errorf("exited: %v: %s", err, out.String())
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := probe(ctx, addr)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready at %s: %v: %s", addr, err, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// anyReply is a probe that takes any answer to PING, an authentication
+// error included, for a server that is up.
+func anyReply(o *redis.Options) func(ctx context.Context, addr string) error {
+	return func(ctx context.Context, addr string) error {
+		opt := *o
+		opt.Addr, opt.MaxRetries = addr, -1
+		c := redis.NewClient(&opt)
+		defer c.Close()
+		err := c.Ping(ctx).Err()
+		var answered redis.Error
+		if err != nil && !errors.As(err, &answered) {
+			return err
+		}
+		return nil
+	}
+}
+
+// TLSFiles are the PEM files of a test CA, a server certificate it signed
+// (for 127.0.0.1 and localhost) and a client certificate it signed.
+type TLSFiles struct {
+	CA                    string
+	ServerCert, ServerKey string
+	ClientCert, ClientKey string
+	OtherCA               string // a CA that signed neither
+}
+
+// NewTLSFiles writes a fresh CA, server and client certificates (ECDSA
+// P-256, valid for an hour) into a temporary directory.
+func NewTLSFiles(tb testing.TB) TLSFiles {
+	tb.Helper()
+	dir := tb.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		return p
+	}
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return k
+	}
+	keyDER := func(k *ecdsa.PrivateKey) []byte {
+		b, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return b
+	}
+	serial := int64(1)
+	newCA := func(name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+		k := key()
+		serial++
+		t := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+			IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+		der, err := x509.CreateCertificate(rand.Reader, t, t, &k.PublicKey, k)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c, _ := x509.ParseCertificate(der)
+		return c, k, der
+	}
+	ca, caKey, caDER := newCA("kvroute test CA")
+	_, _, otherDER := newCA("kvroute other CA")
+	leaf := func(name string, usage x509.ExtKeyUsage) ([]byte, []byte) {
+		k := key()
+		serial++
+		t := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		der, err := x509.CreateCertificate(rand.Reader, t, ca, &k.PublicKey, caKey)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return der, keyDER(k)
+	}
+	sDER, sKey := leaf("redis", x509.ExtKeyUsageServerAuth)
+	cDER, cKey := leaf("kvroute", x509.ExtKeyUsageClientAuth)
+	return TLSFiles{
+		CA:         write("ca.pem", "CERTIFICATE", caDER),
+		OtherCA:    write("other-ca.pem", "CERTIFICATE", otherDER),
+		ServerCert: write("server.pem", "CERTIFICATE", sDER),
+		ServerKey:  write("server-key.pem", "EC PRIVATE KEY", sKey),
+		ClientCert: write("client.pem", "CERTIFICATE", cDER),
+		ClientKey:  write("client-key.pem", "EC PRIVATE KEY", cKey),
+	}
+}
+
+// TLSServer starts a redis-server that speaks only TLS and requires a
+// client certificate its CA signed (tls-auth-clients yes), and returns its
+// address and the files to reach it with.
+func TLSServer(tb testing.TB) (addr string, files TLSFiles) {
+	tb.Helper()
+	files = NewTLSFiles(tb)
+	cert, err := tls.LoadX509KeyPair(files.ClientCert, files.ClientKey)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(files.CA)
+	pool.AppendCertsFromPEM(caPEM)
+	probe := anyReply(&redis.Options{TLSConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "127.0.0.1"}})
+	addr = run(tb, "redis-server (TLS only, client certificates required)", func(port int, dir string) []string {
+		return []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--tls-cert-file", files.ServerCert, "--tls-key-file", files.ServerKey,
+			"--tls-ca-cert-file", files.CA, "--tls-auth-clients", "yes",
+			"--save", "", "--appendonly", "no", "--dir", dir}
+	}, probe)
+	return addr, files
+}
+
+// ACLServer starts a redis-server whose only user is user with password
+// (the default user is off), and returns its address.
+func ACLServer(tb testing.TB, user, password string) string {
+	tb.Helper()
+	return run(tb, "redis-server (ACL user "+user+", default user off)", func(port int, dir string) []string {
+		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--user", "default", "off",
+			"--user", user, "on", ">" + password, "~*", "&*", "+@all",
+			"--save", "", "--appendonly", "no", "--dir", dir}
+	}, anyReply(&redis.Options{}))
+}
+
+// SentinelSet is a primary, its replica and one Sentinel watching them
+// under the name Master (quorum 1, a primary declared down after 1 s).
+type SentinelSet struct {
+	Sentinel, Primary, Replica string
+	Master                     string
+}
+
+// Sentinels starts a SentinelSet and waits until the Sentinel knows the
+// replica, so that a failover has somewhere to go.
+func Sentinels(tb testing.TB) SentinelSet {
+	tb.Helper()
+	plain := func(port int, dir string, extra ...string) []string {
+		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)
+	}
+	s := SentinelSet{Master: "kvroute-test"}
+	s.Primary = run(tb, "redis-server (Sentinel's primary)", func(port int, dir string) []string { return plain(port, dir) }, anyReply(&redis.Options{}))
+	host, pport, _ := net.SplitHostPort(s.Primary)
+	s.Replica = run(tb, "redis-server (Sentinel's replica)", func(port int, dir string) []string {
+		return plain(port, dir, "--replicaof", host, pport)
+	}, anyReply(&redis.Options{}))
+	s.Sentinel = run(tb, "redis-sentinel", func(port int, dir string) []string {
+		conf := filepath.Join(dir, "sentinel.conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
+			"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %[3]s 1000\n"+
+			"sentinel failover-timeout %[3]s 5000\n", port, dir, s.Master, host, pport)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+		return []string{conf, "--sentinel"}
+	}, anyReply(&redis.Options{}))
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel})
+	defer sc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		reps, err := sc.Replicas(context.Background(), s.Master).Result()
+		if err == nil && len(reps) > 0 {
+			ok := false
+			for _, r := range reps {
+				if r["flags"] == "slave" && r["master-link-status"] == "ok" {
+					ok = true
+				}
+			}
+			if ok {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: the Sentinel never saw a healthy replica: %v %v", reps, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
