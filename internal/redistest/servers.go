@@ -29,10 +29,24 @@ import (
 // one test on loopback, stopped when it ends. Like Server, they skip the
 // test without redis-server, or fail it when CI is set.
 
+// process is a server run started, killed when the test ends if still up.
+type process struct {
+	addr   string
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+// kill stops the process with SIGKILL (a crash) and waits for it.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	err := <-p.exited
+	p.exited <- err
+}
+
 // run starts a redis-server with the arguments args gives for a free port
 // and a data directory of its own, and waits until probe, given its
 // address, succeeds. A port taken between picking and binding is retried.
-func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) error) string {
+func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) error) *process {
 	tb.Helper()
 	bin := lookPath(tb, "redis-server")
 	var last error
@@ -54,12 +68,10 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		last = waitProbe(exited, &out, addr, probe)
 		if last == nil {
-			tb.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			})
+			p := &process{addr: addr, cmd: cmd, exited: exited}
+			tb.Cleanup(p.kill)
 			tb.Logf("real %s at %s", what, addr)
-			return addr
+			return p
 		}
 		_ = cmd.Process.Kill()
 		select {
@@ -68,7 +80,7 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 		}
 	}
 	tb.Fatalf("redistest: starting %s: %v", what, last)
-	return ""
+	return nil
 }
 
 func waitProbe(exited chan error, out *strings.Builder, addr string, probe func(ctx context.Context, addr string) error) error {
@@ -205,7 +217,7 @@ func TLSServer(tb testing.TB) (addr string, files TLSFiles) {
 			"--tls-cert-file", files.ServerCert, "--tls-key-file", files.ServerKey,
 			"--tls-ca-cert-file", files.CA, "--tls-auth-clients", "yes",
 			"--save", "", "--appendonly", "no", "--dir", dir}
-	}, probe)
+	}, probe).addr
 	return addr, files
 }
 
@@ -218,7 +230,7 @@ func ACLServer(tb testing.TB, user, password string) string {
 			"--user", "default", "off",
 			"--user", user, "on", ">" + password, "~*", "&*", "+@all",
 			"--save", "", "--appendonly", "no", "--dir", dir}
-	}, anyReply(&redis.Options{}))
+	}, anyReply(&redis.Options{})).addr
 }
 
 // SentinelSet is a primary, its replica and one Sentinel watching them
@@ -226,6 +238,15 @@ func ACLServer(tb testing.TB, user, password string) string {
 type SentinelSet struct {
 	Sentinel, Primary, Replica string
 	Master                     string
+	primary                    *process
+}
+
+// KillPrimary crashes the primary (SIGKILL): the Sentinel declares it
+// down after a second and promotes the replica.
+func (s SentinelSet) KillPrimary(tb testing.TB) {
+	tb.Helper()
+	s.primary.kill()
+	tb.Logf("redistest: Sentinel's primary %s killed", s.Primary)
 }
 
 // Sentinels starts a SentinelSet and waits until the Sentinel knows the
@@ -237,11 +258,12 @@ func Sentinels(tb testing.TB) SentinelSet {
 			"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)
 	}
 	s := SentinelSet{Master: "kvroute-test"}
-	s.Primary = run(tb, "redis-server (Sentinel's primary)", func(port int, dir string) []string { return plain(port, dir) }, anyReply(&redis.Options{}))
+	s.primary = run(tb, "redis-server (Sentinel's primary)", func(port int, dir string) []string { return plain(port, dir) }, anyReply(&redis.Options{}))
+	s.Primary = s.primary.addr
 	host, pport, _ := net.SplitHostPort(s.Primary)
 	s.Replica = run(tb, "redis-server (Sentinel's replica)", func(port int, dir string) []string {
 		return plain(port, dir, "--replicaof", host, pport)
-	}, anyReply(&redis.Options{}))
+	}, anyReply(&redis.Options{})).addr
 	s.Sentinel = run(tb, "redis-sentinel", func(port int, dir string) []string {
 		conf := filepath.Join(dir, "sentinel.conf")
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
@@ -251,7 +273,7 @@ func Sentinels(tb testing.TB) SentinelSet {
 			tb.Fatal(err)
 		}
 		return []string{conf, "--sentinel"}
-	}, anyReply(&redis.Options{}))
+	}, anyReply(&redis.Options{})).addr
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel})
 	defer sc.Close()
 	deadline := time.Now().Add(20 * time.Second)

@@ -1,0 +1,170 @@
+package tests_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/store"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestSentinelFailover runs decisions through a store opened on a real
+// Sentinel while the Sentinel fails its primary over to the replica: a
+// planned failover (SENTINEL FAILOVER, as a managed Redis does for
+// maintenance), and the one after the primary dies (SIGKILL; the
+// Sentinel declares it down after a second). Every decision is answered
+// within the request deadline (degraded while the store cannot be
+// asked), every one is released, decisions are cache-aware again by
+// themselves with the index the old primary replicated, and bookings
+// land on the new primary.
+func TestSentinelFailover(t *testing.T) {
+	t.Run("planned", func(t *testing.T) {
+		sentinelFault(t, func(set redistest.SentinelSet, sc *redis.SentinelClient) error {
+			return sc.Failover(context.Background(), set.Master).Err()
+		})
+	})
+	t.Run("primary killed", func(t *testing.T) {
+		sentinelFault(t, func(set redistest.SentinelSet, _ *redis.SentinelClient) error {
+			set.KillPrimary(t)
+			return nil
+		})
+	})
+}
+
+func sentinelFault(t *testing.T, fault func(redistest.SentinelSet, *redis.SentinelClient) error) {
+	set := redistest.Sentinels(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	st, err := store.OpenConfig(ctx, store.Config{Addrs: []string{set.Sentinel}, MasterName: set.Master}, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := router.DefaultConfig()
+	cfg.BlockSize = bs
+	rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(8, 8))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = rt.Run(runCtx) }()
+	defer func() { stopRun(); <-ran }()
+
+	const m = "sentinel-model"
+	for i := range 2 {
+		rep := kvroute.Replica{ID: m + "-r" + strconv.Itoa(i), Model: m, URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}
+		if err := st.PutReplica(ctx, rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var p []uint32
+	for _, tok := range prompt(rand.New(rand.NewPCG(12, 12)), nil, 8*bs) {
+		p = append(p, uint32(tok))
+	}
+	keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, p, nil)
+	var ops []kvroute.IndexOp
+	parent := kvroute.NoParent
+	for _, k := range keys {
+		ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(k) ^ 0x77, Key: k, Parent: parent})
+		parent = k
+	}
+	if _, err := st.Apply(ctx, m, m+"-r0", 1, ops); err != nil {
+		t.Fatal(err)
+	}
+	aware := func(d router.Decision) bool { return !d.Degraded && d.Replica.ID == m+"-r0" && d.Matched == 8 }
+
+	sc := redis.NewSentinelClient(&redis.Options{Addr: set.Sentinel})
+	defer sc.Close()
+	// The replica must hold the index before it is promoted.
+	rc := redis.NewClient(&redis.Options{Addr: set.Replica})
+	defer rc.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := rc.Exists(ctx, "kvr:{m:"+m+"}:blk").Result(); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica never received the index")
+		}
+	}
+
+	var (
+		decisions, degraded int
+		slowest             time.Duration
+		switched, recovered time.Time
+	)
+	failedOver := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		failedOver <- fault(set, sc)
+	}()
+	for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		t0 := time.Now()
+		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: p})
+		took := time.Since(t0)
+		if err != nil {
+			t.Fatalf("decision %d failed: %v; want an answer, degraded at worst", decisions, err)
+		}
+		if _, err := rt.Release(ctx, d.RequestID); err != nil && !errors.Is(err, router.ErrQueued) {
+			t.Fatalf("release: %v", err)
+		}
+		decisions++
+		slowest = max(slowest, took)
+		if d.Degraded {
+			degraded++
+		}
+		if switched.IsZero() {
+			if a, err := sc.GetMasterAddrByName(ctx, set.Master).Result(); err == nil && len(a) == 2 && a[0]+":"+a[1] == set.Replica {
+				switched = time.Now()
+			}
+			continue
+		}
+		if aware(d) {
+			recovered = time.Now()
+			break
+		}
+	}
+	if err := <-failedOver; err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	t.Logf("Sentinel failover: %d decisions, %d degraded, slowest %v; cache-aware %v after the Sentinel switched",
+		decisions, degraded, slowest, recovered.Sub(switched).Round(time.Millisecond))
+	if switched.IsZero() {
+		t.Fatal("the Sentinel never switched to the replica")
+	}
+	if recovered.IsZero() {
+		t.Fatal("no cache-aware decision after the failover")
+	}
+	if slowest > time.Second {
+		t.Errorf("slowest decision took %v, want well inside the 2 s request deadline", slowest)
+	}
+	// The new primary takes the bookings. Writes that reached the old
+	// primary between the promotion and its own demotion are lost when it
+	// resyncs as a replica (Redis replicates asynchronously), so the first
+	// bookings after the switch may vanish; within a few seconds each one
+	// lands on the new primary.
+	var landed bool
+	for deadline := time.Now().Add(10 * time.Second); !landed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: p})
+		if err != nil {
+			t.Fatalf("route after the failover: %v", err)
+		}
+		landed, err = rc.HExists(ctx, "kvr:{m:"+m+"}:lb", d.RequestID).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := rt.Release(ctx, d.RequestID); landed && (err != nil || !ok) {
+			t.Errorf("release on the new primary = %v, %v; want true", ok, err)
+		}
+	}
+	if !landed {
+		t.Error("no booking landed on the new primary within 10 s of the switch")
+	}
+}
