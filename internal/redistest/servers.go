@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -18,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,7 +46,7 @@ func (p *process) kill() {
 // run starts a redis-server with the arguments args gives for a free port
 // and a data directory of its own, and waits until probe, given its
 // address, succeeds. A port taken between picking and binding is retried.
-func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) error) *process {
+func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) (int, error)) *process {
 	tb.Helper()
 	bin := lookPath(tb, "redis-server")
 	var last error
@@ -58,15 +58,15 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 		dir := tb.TempDir()
 		cmd := exec.Command(bin, args(port, dir)...)
 		cmd.Dir = dir
-		var out strings.Builder
-		cmd.Stdout, cmd.Stderr = &out, &out
+		out := &lockedBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			tb.Fatalf("redistest: %s: %v", what, err)
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		last = waitProbe(exited, &out, addr, probe)
+		last = waitProbe(exited, out, addr, cmd.Process.Pid, probe)
 		if last == nil {
 			p := &process{addr: addr, cmd: cmd, exited: exited}
 			tb.Cleanup(p.kill)
@@ -83,7 +83,29 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 	return nil
 }
 
-func waitProbe(exited chan error, out *strings.Builder, addr string, probe func(ctx context.Context, addr string) error) error {
+// lockedBuffer collects a server's output, which exec copies in on a
+// goroutine of its own while a failed start reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitProbe waits until probe reaches the server at addr and finds it is
+// process pid: a port another server took after it was picked answers
+// too, and must not be taken for ours.
+func waitProbe(exited chan error, out *lockedBuffer, addr string, pid int, probe func(ctx context.Context, addr string) (int, error)) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
@@ -93,8 +115,11 @@ func waitProbe(exited chan error, out *strings.Builder, addr string, probe func(
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := probe(ctx, addr)
+		got, err := probe(ctx, addr)
 		cancel()
+		if err == nil && got != pid {
+			return fmt.Errorf("%s answers as process %d, not the %d started: the port was taken", addr, got, pid)
+		}
 		if err == nil {
 			return nil
 		}
@@ -105,20 +130,19 @@ func waitProbe(exited chan error, out *strings.Builder, addr string, probe func(
 	}
 }
 
-// anyReply is a probe that takes any answer to PING, an authentication
-// error included, for a server that is up.
-func anyReply(o *redis.Options) func(ctx context.Context, addr string) error {
-	return func(ctx context.Context, addr string) error {
+// serverPID is a probe: the process id the server at addr reports, asked
+// with o's credentials and TLS settings.
+func serverPID(o *redis.Options) func(ctx context.Context, addr string) (int, error) {
+	return func(ctx context.Context, addr string) (int, error) {
 		opt := *o
 		opt.Addr, opt.MaxRetries = addr, -1
 		c := redis.NewClient(&opt)
 		defer c.Close()
-		err := c.Ping(ctx).Err()
-		var answered redis.Error
-		if err != nil && !errors.As(err, &answered) {
-			return err
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return 0, err
 		}
-		return nil
+		return strconv.Atoi(infoField(info, "process_id"))
 	}
 }
 
@@ -168,7 +192,10 @@ func NewTLSFiles(tb testing.TB) TLSFiles {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		c, _ := x509.ParseCertificate(der)
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			tb.Fatal(err)
+		}
 		return c, k, der
 	}
 	ca, caKey, caDER := newCA("kvroute test CA")
@@ -209,9 +236,11 @@ func TLSServer(tb testing.TB) (addr string, files TLSFiles) {
 		tb.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	caPEM, _ := os.ReadFile(files.CA)
-	pool.AppendCertsFromPEM(caPEM)
-	probe := anyReply(&redis.Options{TLSConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "127.0.0.1"}})
+	caPEM, err := os.ReadFile(files.CA)
+	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
+		tb.Fatalf("redistest: test CA: %v", err)
+	}
+	probe := serverPID(&redis.Options{TLSConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, ServerName: "127.0.0.1"}})
 	addr = run(tb, "redis-server (TLS only, client certificates required)", func(port int, dir string) []string {
 		return []string{"--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--tls-cert-file", files.ServerCert, "--tls-key-file", files.ServerKey,
@@ -230,7 +259,7 @@ func ACLServer(tb testing.TB, user, password string) string {
 			"--user", "default", "off",
 			"--user", user, "on", ">" + password, "~*", "&*", "+@all",
 			"--save", "", "--appendonly", "no", "--dir", dir}
-	}, anyReply(&redis.Options{})).addr
+	}, serverPID(&redis.Options{Username: user, Password: password})).addr
 }
 
 // SentinelSet is a primary, its replica and one Sentinel watching them
@@ -242,7 +271,7 @@ type SentinelSet struct {
 }
 
 // KillPrimary crashes the primary (SIGKILL): the Sentinel declares it
-// down after a second and promotes the replica.
+// down after 2 s and promotes the replica.
 func (s SentinelSet) KillPrimary(tb testing.TB) {
 	tb.Helper()
 	s.primary.kill()
@@ -250,7 +279,10 @@ func (s SentinelSet) KillPrimary(tb testing.TB) {
 }
 
 // Sentinels starts a SentinelSet and waits until the Sentinel knows the
-// replica, so that a failover has somewhere to go.
+// replica, so that a failover has somewhere to go. The primary syncs its
+// replica at once (no diskless-sync delay), and the Sentinel takes it for
+// down after 2 s of silence: soon enough for a test that kills it, late
+// enough that a loaded machine's stall does not fail it over unasked.
 func Sentinels(tb testing.TB) SentinelSet {
 	tb.Helper()
 	plain := func(port int, dir string, extra ...string) []string {
@@ -258,22 +290,24 @@ func Sentinels(tb testing.TB) SentinelSet {
 			"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)
 	}
 	s := SentinelSet{Master: "kvroute-test"}
-	s.primary = run(tb, "redis-server (Sentinel's primary)", func(port int, dir string) []string { return plain(port, dir) }, anyReply(&redis.Options{}))
+	s.primary = run(tb, "redis-server (Sentinel's primary)", func(port int, dir string) []string {
+		return plain(port, dir, "--repl-diskless-sync-delay", "0")
+	}, serverPID(&redis.Options{}))
 	s.Primary = s.primary.addr
 	host, pport, _ := net.SplitHostPort(s.Primary)
 	s.Replica = run(tb, "redis-server (Sentinel's replica)", func(port int, dir string) []string {
 		return plain(port, dir, "--replicaof", host, pport)
-	}, anyReply(&redis.Options{})).addr
+	}, serverPID(&redis.Options{})).addr
 	s.Sentinel = run(tb, "redis-sentinel", func(port int, dir string) []string {
 		conf := filepath.Join(dir, "sentinel.conf")
 		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\n"+
-			"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %[3]s 1000\n"+
+			"sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %[3]s 2000\n"+
 			"sentinel failover-timeout %[3]s 5000\n", port, dir, s.Master, host, pport)
 		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 			tb.Fatal(err)
 		}
 		return []string{conf, "--sentinel"}
-	}, anyReply(&redis.Options{})).addr
+	}, serverPID(&redis.Options{})).addr
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinel})
 	defer sc.Close()
 	deadline := time.Now().Add(20 * time.Second)
