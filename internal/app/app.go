@@ -17,6 +17,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +88,11 @@ type Task struct {
 	// Name identifies the task in logs and in /readyz.
 	Name string
 	Run  func(ctx context.Context, a *App) error
+	// Warms, when set, holds /readyz failing from Start until the task
+	// calls App.Warmed: for a task without which the first decisions
+	// would be wrong, not only slow (the demo replicas, registered a
+	// moment after the port is up). False: the task does not hold it.
+	Warms bool
 }
 
 // App is a built serve process. New builds it, Start serves, Stop drains.
@@ -111,6 +118,10 @@ type App struct {
 	drainErr error
 	// failed holds the first task failure; /readyz reports it.
 	failed atomic.Pointer[error]
+	// warming holds the names of the Warms tasks that have not called
+	// Warmed yet; /readyz fails while it is not empty.
+	warmMu  sync.Mutex
+	warming map[string]bool
 	// tel is the OpenTelemetry SDK (telemetry.go).
 	tel *telemetry.Telemetry
 }
@@ -262,7 +273,25 @@ func (a *App) ready(ctx context.Context) error {
 	if err := a.failed.Load(); err != nil {
 		return *err
 	}
+	a.warmMu.Lock()
+	var warming []string
+	for name := range a.warming {
+		warming = append(warming, name)
+	}
+	a.warmMu.Unlock()
+	if len(warming) > 0 {
+		slices.Sort(warming)
+		return fmt.Errorf("starting: %s", strings.Join(warming, ", "))
+	}
 	return a.Router.CanDecide(ctx)
+}
+
+// Warmed tells readiness that the Warms task name has done what the first
+// decisions need; other callers and later calls change nothing.
+func (a *App) Warmed(name string) {
+	a.warmMu.Lock()
+	defer a.warmMu.Unlock()
+	delete(a.warming, name)
 }
 
 // Start listens, then runs the server and the tasks as one run group in
@@ -298,6 +327,14 @@ func (a *App) Start() error {
 		// without traffic, and the registry written back (reseed).
 		{Name: "store-epoch", Run: func(ctx context.Context, a *App) error { return a.Router.RunEpochCheck(ctx, time.Second) }},
 	}, a.cfg.Tasks...)
+	a.warmMu.Lock()
+	a.warming = map[string]bool{}
+	for _, t := range tasks {
+		if t.Warms {
+			a.warming[t.Name] = true
+		}
+	}
+	a.warmMu.Unlock()
 	for _, t := range tasks {
 		ctx, cancel := context.WithCancel(context.Background())
 		g.Add(func() error { return a.runTask(ctx, t) }, func(error) { cancel() })

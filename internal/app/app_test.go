@@ -389,3 +389,37 @@ func TestProxyThroughSimReplica(t *testing.T) {
 		t.Errorf("load after the stream = %s, want it released", raw)
 	}
 }
+
+// TestReadyWaitsForDemoReplicas: in the try-it mode the port is up a moment
+// before the demo replicas are registered (the tokenizer loads first); a
+// pod that said ready then would answer the first chat with 404. /readyz
+// fails, naming the task, until they are, and the replicas are there the
+// moment it passes.
+func TestReadyWaitsForDemoReplicas(t *testing.T) {
+	base := startApp(t, app.Config{Tasks: []app.Task{app.DemoReplicas(2, io.Discard)}})
+	sawStarting := false
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := call(t, http.MethodGet, base+"/readyz", "")
+		if code == http.StatusOK {
+			break
+		}
+		if strings.Contains(body, "demo-replicas") {
+			sawStarting = true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready: %d %s", code, body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	code, body := call(t, http.MethodGet, base+"/v1/replicas", "")
+	var reps struct {
+		Replicas []json.RawMessage `json:"replicas"`
+	}
+	if err := json.Unmarshal([]byte(body), &reps); code != http.StatusOK || err != nil || len(reps.Replicas) != 2 {
+		t.Fatalf("/v1/replicas right after /readyz passed: %d %s (%v); want the 2 demo replicas", code, body, err)
+	}
+	if !sawStarting {
+		t.Log("the replicas were registered before the first probe (nothing to see)")
+	}
+}

@@ -78,7 +78,7 @@ func demoEngine() (vllmtest.Encoder, vllmtest.ChatRenderer, error) {
 // that text and chat prompts key the same blocks on both sides, as with a
 // real vLLM serving Qwen3. They stop with the app.
 func DemoReplicas(n int, out io.Writer) Task {
-	return Task{Name: "demo-replicas", Run: func(ctx context.Context, a *App) error {
+	return Task{Name: "demo-replicas", Warms: true, Run: func(ctx context.Context, a *App) error {
 		// Loaded once and shared: parsing takes about half a second, and
 		// the tokenizer, its cache and the template are safe for
 		// concurrent use.
@@ -117,6 +117,7 @@ func DemoReplicas(n int, out io.Writer) Task {
 			}
 		}
 		a.Router.Invalidate()
+		a.Warmed("demo-replicas")
 		_, port, _ := net.SplitHostPort(a.Addr())
 		fmt.Fprint(out, demoTryIt(n, port))
 		<-ctx.Done()
