@@ -159,47 +159,14 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	cfg := router.DefaultConfig()
-	cfg.BlockSize = bs
-	rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(5, 5))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// As in a pod: progress reports that meet the outage are queued and
-	// retried by the router's own task. Without it a release queued during
-	// the outage would never land, and its lease would keep the holder
-	// loaded (no ingestor sweeps here).
-	runCtx, stopRun := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = rt.Run(runCtx) }()
-	defer func() { stopRun(); <-ran }()
+	t.Cleanup(func() { st.Close() }) // after the router's task (faultRouter) stops
+	rt := faultRouter(t, st, 5)
 
 	// Each model: two event-fed replicas; replica 0 holds the prompt.
 	r := rand.New(rand.NewPCG(11, 11))
 	prompts := map[string][]uint32{}
 	for _, m := range models {
-		for i := range 2 {
-			rep := kvroute.Replica{ID: m + "-r" + strconv.Itoa(i), Model: m, URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}
-			if err := st.PutReplica(ctx, rep); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var p []uint32
-		for _, tok := range prompt(r, nil, 8*bs) {
-			p = append(p, uint32(tok))
-		}
-		prompts[m] = p
-		keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, p, nil)
-		var ops []kvroute.IndexOp
-		parent := kvroute.NoParent
-		for _, k := range keys {
-			ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(k) ^ 0x5555, Key: k, Parent: parent})
-			parent = k
-		}
-		if _, err := st.Apply(ctx, m, m+"-r0", 1, ops); err != nil {
-			t.Fatalf("apply %s: %v", m, err)
-		}
+		prompts[m] = heldPrompt(t, ctx, st, rt, m, r)
 	}
 	cacheAware := func(m string, d router.Decision) bool {
 		return !d.Degraded && d.Replica.ID == m+"-r0" && d.Matched == 8

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
@@ -46,39 +44,10 @@ func sentinelFault(t *testing.T, fault func(redistest.SentinelSet, *redis.Sentin
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	cfg := router.DefaultConfig()
-	cfg.BlockSize = bs
-	rt, err := router.New(st, st, cfg, router.Options{Rand: rand.New(rand.NewPCG(8, 8))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stopRun := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = rt.Run(runCtx) }()
-	defer func() { stopRun(); <-ran }()
-
+	t.Cleanup(func() { st.Close() }) // after the router's task (faultRouter) stops
+	rt := faultRouter(t, st, 8)
 	const m = "sentinel-model"
-	for i := range 2 {
-		rep := kvroute.Replica{ID: m + "-r" + strconv.Itoa(i), Model: m, URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}
-		if err := st.PutReplica(ctx, rep); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var p []uint32
-	for _, tok := range prompt(rand.New(rand.NewPCG(12, 12)), nil, 8*bs) {
-		p = append(p, uint32(tok))
-	}
-	keys := kvroute.BlockKeys(rt.KeySpace(m, ""), bs, p, nil)
-	var ops []kvroute.IndexOp
-	parent := kvroute.NoParent
-	for _, k := range keys {
-		ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(k) ^ 0x77, Key: k, Parent: parent})
-		parent = k
-	}
-	if _, err := st.Apply(ctx, m, m+"-r0", 1, ops); err != nil {
-		t.Fatal(err)
-	}
+	p := heldPrompt(t, ctx, st, rt, m, rand.New(rand.NewPCG(12, 12)))
 	aware := func(d router.Decision) bool { return !d.Degraded && d.Replica.ID == m+"-r0" && d.Matched == 8 }
 
 	sc := redis.NewSentinelClient(&redis.Options{Addr: set.Sentinel})
