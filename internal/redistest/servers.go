@@ -46,7 +46,7 @@ func (p *process) kill() {
 // run starts a redis-server with the arguments args gives for a free port
 // and a data directory of its own, and waits until probe, given its
 // address, succeeds. A port taken between picking and binding is retried.
-func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) (int, error)) *process {
+func run(tb testing.TB, what string, args func(port int, dir string) []string, probe func(ctx context.Context, addr string) (int, string, error)) *process {
 	tb.Helper()
 	bin := lookPath(tb, "redis-server")
 	var last error
@@ -66,11 +66,19 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		last = waitProbe(exited, out, addr, cmd.Process.Pid, probe)
+		var version string
+		version, last = waitProbe(exited, out, addr, cmd.Process.Pid, probe)
 		if last == nil {
 			p := &process{addr: addr, cmd: cmd, exited: exited}
 			tb.Cleanup(p.kill)
-			tb.Logf("real %s at %s", what, addr)
+			// "real redis-server <version> ... at <addr>": the line CI's
+			// summary counts (scripts/test.sh).
+			name, detail, _ := strings.Cut(what, " ")
+			label := "real " + name + " " + version
+			if detail != "" {
+				label += " " + detail
+			}
+			tb.Logf("%s at %s", label, addr)
 			return p
 		}
 		_ = cmd.Process.Kill()
@@ -105,44 +113,45 @@ func (l *lockedBuffer) String() string {
 // waitProbe waits until probe reaches the server at addr and finds it is
 // process pid: a port another server took after it was picked answers
 // too, and must not be taken for ours.
-func waitProbe(exited chan error, out *lockedBuffer, addr string, pid int, probe func(ctx context.Context, addr string) (int, error)) error {
+func waitProbe(exited chan error, out *lockedBuffer, addr string, pid int, probe func(ctx context.Context, addr string) (int, string, error)) (string, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
 		case err := <-exited:
 			exited <- err
-			return fmt.Errorf("exited: %v: %s", err, out.String())
+			return "", fmt.Errorf("exited: %v: %s", err, out.String())
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		got, err := probe(ctx, addr)
+		got, version, err := probe(ctx, addr)
 		cancel()
 		if err == nil && got != pid {
-			return fmt.Errorf("%s answers as process %d, not the %d started: the port was taken", addr, got, pid)
+			return "", fmt.Errorf("%s answers as process %d, not the %d started: the port was taken", addr, got, pid)
 		}
 		if err == nil {
-			return nil
+			return version, nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready at %s: %v: %s", addr, err, out.String())
+			return "", fmt.Errorf("not ready at %s: %v: %s", addr, err, out.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// serverPID is a probe: the process id the server at addr reports, asked
-// with o's credentials and TLS settings.
-func serverPID(o *redis.Options) func(ctx context.Context, addr string) (int, error) {
-	return func(ctx context.Context, addr string) (int, error) {
+// serverPID is a probe: the process id and version the server at addr
+// reports, asked with o's credentials and TLS settings.
+func serverPID(o *redis.Options) func(ctx context.Context, addr string) (int, string, error) {
+	return func(ctx context.Context, addr string) (int, string, error) {
 		opt := *o
 		opt.Addr, opt.MaxRetries = addr, -1
 		c := redis.NewClient(&opt)
 		defer c.Close()
 		info, err := c.Info(ctx, "server").Result()
 		if err != nil {
-			return 0, err
+			return 0, "", err
 		}
-		return strconv.Atoi(infoField(info, "process_id"))
+		pid, err := strconv.Atoi(infoField(info, "process_id"))
+		return pid, infoField(info, "redis_version"), err
 	}
 }
 
