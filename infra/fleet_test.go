@@ -19,7 +19,8 @@ import (
 // TestLocalFleet runs compose.yaml's fleet as the processes its services
 // run, without a container runtime: a real redis-server, two `kvroute
 // sim-replica`, `kvroute serve` registering them from a replicas file
-// (compose's, with loopback addresses for the service names) and two
+// (written here like compose's, with loopback addresses for the service
+// names; TestCompose checks compose's own against its services) and two
 // `kvroute ingest` sharing them by leases. A chat sent twice through the
 // proxy (compose.yaml's own example, read from its comments) must come
 // back to the replica that cached it, with the blocks the ingestors

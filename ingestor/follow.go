@@ -168,6 +168,11 @@ func (f *Follower) Sync(ctx context.Context) error {
 	if err := f.readSeq(ctx); err != nil {
 		return err
 	}
+	if f.lost {
+		// A failed apply had found the store lost the replica: rebuild
+		// from the start rather than catch up from the seq it left.
+		return f.relearn(ctx)
+	}
 	if f.replay == nil {
 		return nil
 	}

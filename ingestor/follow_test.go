@@ -388,6 +388,27 @@ func TestFollowerStoreLost(t *testing.T) {
 			fx.wantHeld(t, 0, 5)
 		})
 	}
+	t.Run("the reply that said so is lost, then the stream reconnects: one replay from the start", func(t *testing.T) {
+		fx := newFollow(t, true, 0)
+		for range 3 {
+			fx.live(t, fx.block())
+		}
+		fx.st.lose(tModel, tRep)
+		fx.st.failAfter = 1
+		b, _ := kvevents.Decode(fx.block())
+		if err := fx.f.Handle(t.Context(), b); err == nil {
+			t.Fatal("Handle: got nil error from a lost reply")
+		}
+		fx.replays = 0
+		if err := fx.f.Sync(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		fx.wantResets(t, 1)
+		fx.wantHeld(t, 0, 4)
+		if fx.replays != 1 {
+			t.Errorf("replays: got %d, want 1 (from the start, not first from the stale seq)", fx.replays)
+		}
+	})
 	t.Run("a follower that never applied takes an empty store for its start", func(t *testing.T) {
 		fx := newFollow(t, true, 0)
 		fx.live(t, fx.block())

@@ -215,8 +215,10 @@ queued:
 // resync in between splitting them.
 func (w *worker) handle(ctx context.Context, fs []feed) {
 	// A purge signalled while these messages queued came first: the
-	// follower must re-read the store before applying them, or it would
-	// take the purge for a store that lost the replica and rebuild it.
+	// follower re-reads the store before applying them. It would rebuild
+	// the replica either way, but without this it would first apply a
+	// batch onto the purged replica and take that for a store loss: a
+	// wasted apply and reset, and a false store_lost warning and count.
 	select {
 	case <-w.purged:
 		w.follower.Invalidate()

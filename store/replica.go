@@ -15,17 +15,7 @@ import (
 // AppliedSeq returns the seq of the last batch applied for the replica; ok
 // is false when none has been (or since ResetReplica).
 func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int64, ok bool, err error) {
-	v, err := s.c.HGet(ctx, metaKey(model, replica), "seq").Result()
-	if err == redis.Nil {
-		return 0, false, nil
-	} else if err != nil {
-		return 0, false, wrap("applied seq", err)
-	}
-	seq, err = strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return 0, false, fmt.Errorf("store: applied seq: %w", err)
-	}
-	return seq, true, nil
+	return s.metaInt(ctx, model, replica, "seq", "applied seq")
 }
 
 // HistoryStart returns the first seq of the run that began the replica's
@@ -35,17 +25,23 @@ func (s *Store) AppliedSeq(ctx context.Context, model, replica string) (seq int6
 // apply failed asks it to learn whether its own run began a new history,
 // when the reply that would have said so was lost.
 func (s *Store) HistoryStart(ctx context.Context, model, replica string) (from int64, ok bool, err error) {
-	v, err := s.c.HGet(ctx, metaKey(model, replica), "from").Result()
+	return s.metaInt(ctx, model, replica, "from", "history start")
+}
+
+// metaInt reads one integer field of the replica's meta hash; ok is false
+// when the field is absent. op prefixes its errors.
+func (s *Store) metaInt(ctx context.Context, model, replica, field, op string) (int64, bool, error) {
+	v, err := s.c.HGet(ctx, metaKey(model, replica), field).Result()
 	if err == redis.Nil {
 		return 0, false, nil
 	} else if err != nil {
-		return 0, false, wrap("history start", err)
+		return 0, false, wrap(op, err)
 	}
-	from, err = strconv.ParseInt(v, 10, 64)
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		return 0, false, fmt.Errorf("store: history start: %w", err)
+		return 0, false, fmt.Errorf("store: %s: %w", op, err)
 	}
-	return from, true, nil
+	return n, true, nil
 }
 
 // ResetReplica forgets every event-fed entry of the replica and its applied

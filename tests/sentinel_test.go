@@ -17,7 +17,7 @@ import (
 // Sentinel while the Sentinel fails its primary over to the replica: a
 // planned failover (SENTINEL FAILOVER, as a managed Redis does for
 // maintenance), and the one after the primary dies (SIGKILL; the
-// Sentinel declares it down after a second). Every decision is answered
+// Sentinel declares it down after 2 s). Every decision is answered
 // within the request deadline (degraded while the store cannot be
 // asked), every one is released, decisions are cache-aware again by
 // themselves with the index the old primary replicated, and bookings

@@ -264,8 +264,9 @@ func (a *App) reseed(ctx context.Context, known []kvroute.Replica) {
 }
 
 // ready is /readyz: this pod can answer decisions. Every task routing
-// depends on is alive, and the store answers or, while it does not, the
-// pod knows a fleet to route over degraded. The store's own state is
+// depends on is alive, every Warms task has said it is warm, and the
+// store answers or, while it does not, the pod knows a fleet to route
+// over degraded. The store's own state is
 // kvroute_store_up in /metrics, not readiness: every pod would fail
 // readiness together when the store hiccups, and degraded mode would
 // never serve.

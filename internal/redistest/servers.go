@@ -272,7 +272,7 @@ func ACLServer(tb testing.TB, user, password string) string {
 }
 
 // SentinelSet is a primary, its replica and one Sentinel watching them
-// under the name Master (quorum 1, a primary declared down after 1 s).
+// under the name Master (quorum 1, a primary declared down after 2 s).
 type SentinelSet struct {
 	Sentinel, Primary, Replica string
 	Master                     string
