@@ -59,6 +59,22 @@ type Config struct {
 	TLSCertFile   string
 	TLSKeyFile    string
 	TLSServerName string
+	// ReadReplicas sends a lookup's plain reads (the index probes and the
+	// load fields: after the booking, most of a decision's Redis time) to
+	// replicas, so that a hot model's primary spends its one thread on
+	// bookings: a Cluster's replicas of the model's slot, or a Sentinel
+	// primary's replicas. A replica lags its primary by the replication
+	// delay (milliseconds), which a lookup tolerates: the booking reads the
+	// loads again on the primary, and a stale index costs cache hits,
+	// never a wrong booking. Registry, epoch and ingest reads stay on the
+	// primary. A replica that fails a read sends reads back to the primary
+	// for a while (see readBackoff).
+	ReadReplicas bool
+	// ReadURL is one server's replica, or a managed Redis's reader
+	// endpoint, for ReadReplicas on a single server (it implies
+	// ReadReplicas). Its user, password and query options are the primary
+	// URL's unless it gives its own; TLS settings are shared.
+	ReadURL string
 }
 
 // Configured reports whether c names a Redis at all; callers that have an
@@ -102,6 +118,65 @@ func NewClient(c Config) (redis.UniversalClient, error) {
 	return instrument(redis.NewUniversalClient(uo)), nil
 }
 
+// NewReadClient builds the client c's lookup reads go to (ReadReplicas,
+// ReadURL), or returns nil when they go to the primary. It is a client of
+// its own, not the primary's: a Cluster client in ReadOnly mode sends
+// every read-only command to replicas, and the registry must be read
+// where it was written.
+func NewReadClient(c Config) (redis.UniversalClient, error) {
+	if !c.ReadReplicas && c.ReadURL == "" {
+		return nil, nil
+	}
+	switch topo := c.Topology(); {
+	case c.ReadURL != "" && topo != "single":
+		return nil, fmt.Errorf("redis read URL: a %s finds its replicas itself (give read replicas, not a read URL)", topo)
+	case topo == "single" && c.ReadURL == "":
+		return nil, errors.New("redis read replicas on one server: give the replica's URL (read URL)")
+	case topo == "single":
+		rc := c
+		u, err := readURL(c.URL, c.ReadURL)
+		if err != nil {
+			return nil, err
+		}
+		rc.URL, rc.Addrs, rc.ReadURL, rc.ReadReplicas = u, nil, "", false
+		return NewClient(rc)
+	}
+	uo, err := universalOptions(c)
+	if err != nil {
+		return nil, err
+	}
+	if c.Topology() == "sentinel" {
+		fo := uo.Failover()
+		fo.ReplicaOnly = true
+		return instrument(redis.NewFailoverClient(fo)), nil
+	}
+	uo.ReadOnly = true
+	return instrument(redis.NewUniversalClient(uo)), nil
+}
+
+// readURL is the read URL with the primary's user, password and query
+// where it gives none.
+func readURL(primary, read string) (string, error) {
+	r, err := url.Parse(read)
+	if err != nil || (r.Scheme != "redis" && r.Scheme != "rediss") || r.Host == "" {
+		return "", fmt.Errorf("redis read url: want redis://host:port or rediss://host:port")
+	}
+	p, err := url.Parse(primary)
+	if err != nil {
+		return "", fmt.Errorf("redis url: %w", err)
+	}
+	if r.User == nil {
+		r.User = p.User
+	}
+	if r.RawQuery == "" {
+		r.RawQuery = p.RawQuery
+	}
+	if r.Path == "" {
+		r.Path = p.Path
+	}
+	return r.String(), nil
+}
+
 // OpenConfig connects to the Redis c describes and checks that it answers,
 // so that a bad address or password fails at startup rather than on the
 // first request.
@@ -110,10 +185,23 @@ func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", err)
 	}
+	reads, err := NewReadClient(c)
+	if err != nil {
+		_ = rc.Close()
+		return nil, fmt.Errorf("store: open: %w", err)
+	}
+	opt.Reads = reads
 	s := New(rc, opt)
 	if err := s.c.Ping(ctx).Err(); err != nil {
 		_ = s.Close()
 		return nil, wrap("open "+c.String(), err)
+	}
+	// A replica that does not answer yet is no reason to refuse to start:
+	// reads fall back to the primary until it does.
+	if reads != nil {
+		if err := reads.Ping(ctx).Err(); err != nil {
+			s.readFailed(err)
+		}
 	}
 	return s, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvroute/kvroute"
+	"github.com/redis/go-redis/v9"
 )
 
 // The hinted lookup without a script. With hints, lookup.lua's first level
@@ -89,8 +90,16 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 	for i, p := range probes {
 		pf[i] = keyField(keys[p])
 	}
-	blk, ax, lres := hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
-	if err = s.batcher(model).do(ctx, blk, ax, lres); err != nil {
+	var blk, ax, lres *redis.SliceCmd
+	if err = s.readVia(ctx, model, func() []redis.Cmder {
+		blk, ax, lres = hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
+		return []redis.Cmder{blk, ax, lres}
+	}, func() error {
+		if v := lres.Val(); len(v) > 0 && v[len(v)-1] == nil && s.slotc.seen(model) {
+			return errReplicaEmpty
+		}
+		return nil
+	}); err != nil {
 		return nil, nil, nil, false, wrap("lookup", err)
 	}
 	bv, av := blk.Val(), ax.Val()

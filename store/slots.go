@@ -57,6 +57,15 @@ func (c *slotCache) get(model string, replicas []string, now time.Time) (slots [
 	return slots, m.gen, true
 }
 
+// seen reports whether model's slots were read with a '#g' (some slot
+// was ever assigned): a load hash without one then lacks data.
+func (c *slotCache) seen(model string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.models[model]
+	return m != nil && m.gen != nil
+}
+
 // put files replicas' slots as read with gen at now. Slots cached with
 // another '#g' are dropped: they may no longer hold.
 func (c *slotCache) put(model string, replicas []string, slots []any, gen any, now time.Time) {

@@ -81,6 +81,10 @@ type Options struct {
 	// NoLookupHints turns off Lookup's memory of earlier lookups' run ends
 	// (see hintCache); answers are the same either way. For benchmarks.
 	NoLookupHints bool
+	// Reads is the client a lookup's plain reads go to, a replica's (see
+	// Config.ReadReplicas and NewReadClient); nil sends them to the
+	// primary, with everything else. The Store owns it: Close closes it.
+	Reads redis.UniversalClient
 }
 
 // Store is kvroute's Redis state. It is safe for concurrent use.
@@ -106,12 +110,16 @@ type Store struct {
 	slotc slotCache
 	// cluster is set for a Redis Cluster client (domain.go).
 	cluster bool
+	// reads routes lookup reads to replicas (reads.go); its client is nil
+	// when they go to the primary.
+	reads replicaReads
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
 func New(c redis.UniversalClient, opt Options) *Store {
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints, cluster: cluster}
+	s := &Store{c: c, now: opt.Now, log: opt.Logger, approxTTL: opt.ApproxTTL, noHints: opt.NoLookupHints, cluster: cluster,
+		reads: replicaReads{c: opt.Reads}}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -128,6 +136,9 @@ func New(c redis.UniversalClient, opt Options) *Store {
 // Store runs one (OpenEmbedded).
 func (s *Store) Close() error {
 	err := s.c.Close()
+	if s.reads.c != nil {
+		err = errors.Join(err, s.reads.c.Close())
+	}
 	if s.stop != nil {
 		s.stop()
 	}

@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,21 +37,39 @@ import (
 // set adds a phase with Redis's slow log recording every command, and
 // logs each command's (and key's) time per decision: where the shard's
 // time goes, with the script's own Redis calls apart from its Lua.
+//
+// Each shape runs twice: reads=primary with everything on one server, and
+// reads=replica with the lookups' reads on a replica of it (the store's
+// ReadURL, as --redis-read-replicas does on a Cluster). The shard is then
+// the pair, and its ceiling the rate over the busier one's busy fraction.
 func BenchmarkShardCeiling(b *testing.B) {
 	for _, shape := range []struct{ reps, blocks int }{{64, 2048}, {8, 64}} {
-		b.Run(fmt.Sprintf("replicas=%d/blocks=%d", shape.reps, shape.blocks), func(b *testing.B) {
-			for b.Loop() {
-				shardCeiling(b, shape.reps, shape.blocks)
-			}
-		})
+		for _, reads := range []string{"primary", "replica"} {
+			b.Run(fmt.Sprintf("replicas=%d/blocks=%d/reads=%s", shape.reps, shape.blocks, reads), func(b *testing.B) {
+				for b.Loop() {
+					shardCeiling(b, shape.reps, shape.blocks, reads == "replica")
+				}
+			})
+		}
 	}
 }
 
-func shardCeiling(b *testing.B, nRep, nBlocks int) {
+func shardCeiling(b *testing.B, nRep, nBlocks int, onReplica bool) {
 	ctx := context.Background()
 	workers := envInt("KVROUTE_SHARD_WORKERS", 32)
 	secs := time.Duration(envInt("KVROUTE_LOAD_SECS", 4)) * time.Second
 	url, rc, st, prompts := loadFixture(b, nRep, nBlocks)
+	var replica *redis.Client
+	if onReplica {
+		addr := redistest.Replica(b, strings.TrimPrefix(url, "redis://"))
+		replica = redis.NewClient(&redis.Options{Addr: addr})
+		b.Cleanup(func() { replica.Close() })
+		var err error
+		if st, err = store.OpenConfig(ctx, store.Config{URL: url, ReadURL: "redis://" + addr}, store.Options{}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { st.Close() })
+	}
 	rt, err := router.New(st, st, router.DefaultConfig(), router.Options{Rand: rand.New(rand.NewPCG(3, 3))})
 	if err != nil {
 		b.Fatal(err)
@@ -80,8 +100,15 @@ func shardCeiling(b *testing.B, nRep, nBlocks int) {
 	}
 	run(secs / 4) // warm-up: connections, hints, script cache
 	r0 := readRedisStats(b, rc)
+	var q0, q1 redisStats
+	if replica != nil {
+		q0 = readRedisStats(b, replica)
+	}
 	n, degraded, elapsed := run(secs)
 	r1 := readRedisStats(b, rc)
+	if replica != nil {
+		q1 = readRedisStats(b, replica)
+	}
 	if n == 0 {
 		b.Fatal("no decision made")
 	}
@@ -89,6 +116,15 @@ func shardCeiling(b *testing.B, nRep, nBlocks int) {
 	rate := float64(n) / elapsed.Seconds()
 	ceiling := rate / min(busy, 1)
 	redisPer := (r1.cpu - r0.cpu) / time.Duration(n)
+	if replica != nil {
+		rbusy := (q1.cpu - q0.cpu).Seconds() / elapsed.Seconds()
+		ceiling = rate / min(max(busy, rbusy), 1)
+		served, failed := st.ReplicaReads()
+		b.Logf("replica: main thread %.0f%% busy, %.1f µs CPU per decision, %.2f HMGETs per decision; lookups it served %d, failed over %d",
+			100*rbusy, us((q1.cpu-q0.cpu)/time.Duration(n)), float64(q1.calls["hmget"]-q0.calls["hmget"])/float64(n), served, failed)
+		b.ReportMetric(us((q1.cpu-q0.cpu)/time.Duration(n)), "replica-µs/dec")
+		b.ReportMetric(100*rbusy, "replica-busy-%")
+	}
 	evals := float64(r1.calls["evalsha"]-r0.calls["evalsha"]) / float64(n)
 	getRPS, getCPU, _ := redisBenchmarkGet(b, url)
 	script := float64(r1.usec["evalsha"]-r0.usec["evalsha"]) / float64(n)

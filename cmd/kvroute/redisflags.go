@@ -28,6 +28,8 @@ func redisFlags(fs *flag.FlagSet, c *store.Config, urlUsage string) {
 	fs.StringVar(&c.TLSCertFile, "redis-tls-cert", "", "PEM client certificate `file`, for servers that require one")
 	fs.StringVar(&c.TLSKeyFile, "redis-tls-key", "", "PEM `file` of --redis-tls-cert's private key")
 	fs.StringVar(&c.TLSServerName, "redis-tls-server-name", "", "`name` the server's certificate must carry, when not the host dialled (cluster nodes are dialled by IP)")
+	fs.BoolVar(&c.ReadReplicas, "redis-read-replicas", false, "send lookups' reads to replicas (a Cluster's or a Sentinel's), leaving the primary the bookings; a failed replica read goes to the primary")
+	fs.StringVar(&c.ReadURL, "redis-read-url", "", "one server's replica or a managed Redis's reader endpoint (`redis://host:port`) for lookups' reads; user, password and options default to --redis-url's")
 }
 
 // checkRedisFlags rejects combinations that cannot work, naming the flags,
@@ -42,7 +44,11 @@ func checkRedisFlags(c store.Config) error {
 		return errors.New("--redis-password and --redis-password-file: give one")
 	case (c.TLSCertFile == "") != (c.TLSKeyFile == ""):
 		return errors.New("--redis-tls-cert and --redis-tls-key go together")
-	case !c.Configured() && (c.Cluster || c.MasterName != "" || c.Username != "" || c.Password != "" ||
+	case c.ReadURL != "" && c.Topology() != "single":
+		return errors.New("--redis-read-url is for one server: a Cluster or Sentinel finds its replicas (give --redis-read-replicas)")
+	case c.ReadReplicas && c.Topology() == "single" && c.ReadURL == "":
+		return errors.New("--redis-read-replicas on one server needs the replica's address (--redis-read-url)")
+	case !c.Configured() && (c.ReadReplicas || c.ReadURL != "" || c.Cluster || c.MasterName != "" || c.Username != "" || c.Password != "" ||
 		c.PasswordFile != "" || c.TLS || c.TLSCAFile != "" || c.TLSCertFile != "" || c.TLSServerName != ""):
 		return errors.New("Redis settings given without --redis-url or --redis-addrs")
 	}

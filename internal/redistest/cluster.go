@@ -24,7 +24,8 @@ import (
 // within a test's time, and back soon after it returns.
 const ClusterNodeTimeout = 1000 * time.Millisecond
 
-// RedisCluster is a real Redis Cluster of primaries (no replicas) started
+// RedisCluster is a real Redis Cluster of primaries (and, made by
+// ClusterWithReplicas, their replicas) started
 // for one test on loopback, each node with AOF on in its own data
 // directory, stopped when the test ends.
 type RedisCluster struct {
@@ -56,6 +57,22 @@ func (n *clusterNode) addr() string { return net.JoinHostPort("127.0.0.1", strco
 // unavailable.
 func Cluster(tb testing.TB, primaries int) *RedisCluster {
 	tb.Helper()
+	return cluster(tb, primaries, 0)
+}
+
+// ClusterWithReplicas is Cluster with replicas replicas of each primary:
+// Addrs lists the primaries first (redis-cli --cluster create makes
+// primaries of the first nodes it is given), then the replicas. It
+// returns once every replica has synced with its primary.
+func ClusterWithReplicas(tb testing.TB, primaries, replicas int) *RedisCluster {
+	tb.Helper()
+	c := cluster(tb, primaries, replicas)
+	c.waitReplicas(tb, primaries, replicas, 30*time.Second)
+	return c
+}
+
+func cluster(tb testing.TB, primaries, replicas int) *RedisCluster {
+	tb.Helper()
 	if primaries < 3 {
 		tb.Fatalf("redistest: a cluster needs at least 3 primaries, got %d", primaries)
 	}
@@ -65,7 +82,7 @@ func Cluster(tb testing.TB, primaries int) *RedisCluster {
 	tb.Cleanup(c.killAll)
 	root := tb.TempDir()
 	used := map[int]bool{}
-	for i := range primaries {
+	for i := range primaries * (1 + replicas) {
 		n := &clusterNode{dir: filepath.Join(root, "node"+strconv.Itoa(i))}
 		if err := os.Mkdir(n.dir, 0o755); err != nil {
 			tb.Fatal(err)
@@ -88,14 +105,72 @@ func Cluster(tb testing.TB, primaries int) *RedisCluster {
 	}
 	args := []string{"--cluster", "create"}
 	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.Command(cli, args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redistest: redis-cli --cluster create: %v: %s", err, out)
 	}
 	c.WaitOK(tb, 30*time.Second)
-	tb.Logf("real Redis Cluster %s: %d primaries at %s", c.version, primaries, strings.Join(c.Addrs(), ","))
+	tb.Logf("real Redis Cluster %s: %d primaries, %d replicas each, at %s", c.version, primaries, replicas, strings.Join(c.Addrs(), ","))
 	return c
+}
+
+// waitReplicas waits until every node after the first primaries is a
+// replica whose link to its primary is up, and every node's CLUSTER SLOTS
+// lists replicas replicas for every range.
+func (c *RedisCluster) waitReplicas(tb testing.TB, primaries, replicas int, timeout time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for _, a := range c.Addrs()[primaries:] {
+		for {
+			rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			info, err := rc.Info(ctx, "replication").Result()
+			cancel()
+			_ = rc.Close()
+			if err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up" {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("redistest: cluster node %s is not a synced replica after %v (%v): %s", a, timeout, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// CLUSTER SLOTS leaves out a replica until its primary has heard of
+	// a replication offset from it (the once-a-second replication ping),
+	// and a client finds replicas only there.
+	for {
+		all, err := c.slotsListReplicas(replicas)
+		if all {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: CLUSTER SLOTS does not list every replica after %v: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// slotsListReplicas reports whether every node's CLUSTER SLOTS lists
+// replicas replicas for every range.
+func (c *RedisCluster) slotsListReplicas(replicas int) (bool, error) {
+	for _, a := range c.Addrs() {
+		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		slots, err := rc.ClusterSlots(ctx).Result()
+		cancel()
+		_ = rc.Close()
+		if err != nil {
+			return false, err
+		}
+		for _, r := range slots {
+			if len(r.Nodes) != 1+replicas {
+				return false, fmt.Errorf("%s: slots %d-%d list %d nodes", a, r.Start, r.End, len(r.Nodes))
+			}
+		}
+	}
+	return true, nil
 }
 
 func lookPath(tb testing.TB, name string) string {
@@ -177,7 +252,10 @@ func (c *RedisCluster) start(n *clusterNode) error {
 		"--cluster-port", strconv.Itoa(n.bus),
 		"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout.Milliseconds())),
 		"--cluster-require-full-coverage", "no",
-		"--appendonly", "yes", "--save", "", "--dir", n.dir)
+		"--appendonly", "yes", "--save", "", "--dir", n.dir,
+		// Replicas report their offset soon (ClusterWithReplicas waits
+		// for CLUSTER SLOTS to list them).
+		"--repl-ping-replica-period", "1")
 	n.out = &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = n.out, n.out
 	if err := cmd.Start(); err != nil {

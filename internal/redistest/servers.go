@@ -271,6 +271,38 @@ func ACLServer(tb testing.TB, user, password string) string {
 	}, serverPID(&redis.Options{Username: user, Password: password})).addr
 }
 
+// Replica starts a redis-server replicating primary (host:port) and
+// returns its address once it has synced.
+func Replica(tb testing.TB, primary string) string {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(primary)
+	if err != nil {
+		tb.Fatalf("redistest: replica of %q: %v", primary, err)
+	}
+	// A primary's default waits 5 s for more replicas before a diskless
+	// sync.
+	pc := redis.NewClient(&redis.Options{Addr: primary})
+	_ = pc.ConfigSet(context.Background(), "repl-diskless-sync-delay", "0").Err()
+	pc.Close()
+	addr := run(tb, "redis-server (replica)", func(p int, dir string) []string {
+		return []string{"--port", strconv.Itoa(p), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--protected-mode", "no", "--replicaof", host, port}
+	}, serverPID(&redis.Options{})).addr
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := rc.Info(context.Background(), "replication").Result()
+		if err == nil && infoField(info, "master_link_status") == "up" {
+			return addr
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: replica %s of %s not synced after 20s (%v)", addr, primary, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // SentinelSet is a primary, its replica and one Sentinel watching them
 // under the name Master (quorum 1, a primary declared down after 2 s).
 type SentinelSet struct {

@@ -1,0 +1,100 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Lookup reads on replicas. A decision's Redis time is the lookup's reads
+// (the index probes and the load fields) and the booking script; only the
+// booking must run on the primary. With Config.ReadReplicas the plain
+// lookup reads go to a replica through batchers of their own (a shared
+// pipeline is sent to a replica only when every command in it reads), and
+// the primary is left the bookings, events and leases. A failed replica
+// read is asked again of the primary at once, and the primary takes every
+// lookup for readBackoff after it, so a replica that is down, restarting
+// or hung costs one timeout per window, not one per decision. lookup.lua
+// (a chain the hints do not prove) stays on the primary: it is the rarer
+// path, and a script that only reads still needs EVAL_RO, which not every
+// server kvroute supports has.
+
+// readBackoff is how long lookups stay on the primary after a replica
+// failed one.
+const readBackoff = 5 * time.Second
+
+// replicaReads is the Store's read client and its state.
+type replicaReads struct {
+	c redis.UniversalClient // nil: reads go to the primary
+	// downUntil is when a failed replica read's window ends (Unix ns).
+	downUntil atomic.Int64
+	// batches are the replica's batchers, one per model, as Store.batches.
+	batches sync.Map
+	// failed and served count the lookups whose replica read failed and
+	// those it answered, for tests and the closing figures.
+	failed, served atomic.Int64
+}
+
+// readBatcher returns model's batcher for lookup reads: a replica's, or
+// the primary's when reads go there or the replica is in its window.
+// replica reports which.
+func (s *Store) readBatcher(model string) (b *batcher, replica bool) {
+	r := &s.reads
+	if r.c == nil || s.now().UnixNano() < r.downUntil.Load() {
+		return s.batcher(model), false
+	}
+	if b, ok := r.batches.Load(model); ok {
+		return b.(*batcher), true
+	}
+	nb, _ := r.batches.LoadOrStore(model, &batcher{c: r.c, max: coalesced})
+	return nb.(*batcher), true
+}
+
+// readFailed opens the replica's window after a failed read.
+func (s *Store) readFailed(err error) {
+	r := &s.reads
+	r.failed.Add(1)
+	now := s.now()
+	if prev := r.downUntil.Swap(now.Add(readBackoff).UnixNano()); prev < now.UnixNano() {
+		s.log.Warn("lookup reads go to the primary: the replica failed one", "for", readBackoff, "err", err)
+	}
+}
+
+// readVia sends the commands mk makes through model's read batcher, and
+// when a replica fails them, or answers what check refuses, makes them
+// again and sends them to the primary (a sent command cannot be sent
+// twice). check runs only on a replica's answer; nil accepts any.
+func (s *Store) readVia(ctx context.Context, model string, mk func() []redis.Cmder, check func() error) error {
+	b, replica := s.readBatcher(model)
+	err := b.do(ctx, mk()...)
+	if !replica {
+		return err
+	}
+	if err == nil && check != nil {
+		err = check()
+	}
+	if err == nil {
+		s.reads.served.Add(1)
+		return nil
+	}
+	if ctx.Err() != nil {
+		return err
+	}
+	s.readFailed(err)
+	return s.batcher(model).do(ctx, mk()...)
+}
+
+// errReplicaEmpty is a replica's answer without a model the pod has seen
+// slots for: a replica restarted empty and not yet synced (it serves its
+// empty data set until then, unless replica-serve-stale-data is off).
+var errReplicaEmpty = errors.New("the replica does not have the model's slots")
+
+// ReplicaReads reports how many lookups a replica answered and how many
+// of its reads failed over to the primary.
+func (s *Store) ReplicaReads() (served, failed int64) {
+	return s.reads.served.Load(), s.reads.failed.Load()
+}
