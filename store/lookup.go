@@ -45,13 +45,18 @@ func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	// it sends it to a client.
 	fields := loadFields(replicas, cached)
 	var hints []int32
+	known := false
 	if !s.noHints {
-		hints = s.hints.get(model, keys)
+		hints, known = s.hints.get(model, keys)
 	}
 	var segs, asegs []any
 	var lv []any
 	plain := false
-	if len(hints) > 0 && len(keys) > 1 && s.fast.try() {
+	// A chain of at most hintStride blocks is read whole (every block a
+	// probe, which proves every run); a longer one needs its hints, which
+	// may be none: one run from the first block to the last, proved by
+	// those two.
+	if len(keys) > 0 && (known || len(keys) <= hintStride) && s.fast.try() {
 		var ok bool
 		segs, asegs, lv, ok, err = s.lookupPlain(ctx, model, keys, hints, fields)
 		if err != nil {
@@ -238,24 +243,27 @@ type hintCache struct {
 	cur, old map[hintKey][]int32
 }
 
-func (h *hintCache) get(model string, keys []kvroute.BlockKey) []int32 {
+// get returns the run ends filed for the deepest of keys' prefixes that
+// has some; found is false when none has (a chain this pod has not looked
+// up), and true with no ends for a chain found to be one run.
+func (h *hintCache) get(model string, keys []kvroute.BlockKey) (ends []int32, found bool) {
 	n := len(keys)
 	if n <= hintStride {
-		return nil
+		return nil, false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for p := (n - 1) / hintStride * hintStride; p >= hintStride; p -= hintStride {
 		k := hintKey{model, keys[p]}
 		if v, ok := h.cur[k]; ok {
-			return v
+			return v, true
 		}
 		if v, ok := h.old[k]; ok {
 			h.set(k, v)
-			return v
+			return v, true
 		}
 	}
-	return nil
+	return nil, false
 }
 
 // put files the run ends of segs (lookup.lua's GPU segments: run ends and

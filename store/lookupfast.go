@@ -77,15 +77,21 @@ func (f *fastLookup) result(hit bool) {
 func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.BlockKey, hints []int32, fields []string) (segs, asegs, lv []any, ok bool, err error) {
 	last := len(keys) - 1
 	probes := make([]int, 0, len(hints)+2)
-	probes = append(probes, 0)
-	for _, h := range hints {
-		if h > 0 && int(h) < last {
-			probes = append(probes, int(h))
+	if len(keys) <= hintStride {
+		for p := range keys {
+			probes = append(probes, p)
 		}
+	} else {
+		probes = append(probes, 0)
+		for _, h := range hints {
+			if h > 0 && int(h) < last {
+				probes = append(probes, int(h))
+			}
+		}
+		probes = append(probes, last)
+		slices.Sort(probes)
+		probes = slices.Compact(probes)
 	}
-	probes = append(probes, last)
-	slices.Sort(probes)
-	probes = slices.Compact(probes)
 	pf := make([]string, len(probes))
 	for i, p := range probes {
 		pf[i] = keyField(keys[p])
