@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"strings"
@@ -72,8 +73,11 @@ type Config struct {
 	ReadReplicas bool
 	// ReadURL is one server's replica, or a managed Redis's reader
 	// endpoint, for ReadReplicas on a single server (it implies
-	// ReadReplicas). Its user, password and query options are the primary
-	// URL's unless it gives its own; TLS settings are shared.
+	// ReadReplicas). The primary URL's user and password apply unless it
+	// gives its own, and so do its query options, each unless it sets
+	// that one, and its database unless it names one; Username, Password,
+	// PasswordFile and the TLS files apply to both. A rediss:// primary
+	// needs a rediss:// read URL.
 	ReadURL string
 }
 
@@ -148,11 +152,32 @@ func NewReadClient(c Config) (redis.UniversalClient, error) {
 	if c.Topology() == "sentinel" {
 		fo := uo.Failover()
 		fo.ReplicaOnly = true
+		// After a failover the client keeps its connections to the
+		// replica it read from, which may now be the primary: renewing
+		// them moves the reads to a replica again.
+		if fo.ConnMaxLifetime == 0 {
+			fo.ConnMaxLifetime = readConnLifetime
+		}
 		return instrument(redis.NewFailoverClient(fo)), nil
 	}
-	uo.ReadOnly = true
-	return instrument(redis.NewUniversalClient(uo)), nil
+	co := uo.Cluster()
+	co.ReadOnly = true
+	// go-redis picks a replica per command, round robin by default: the
+	// three reads of one lookup would come from replicas at different
+	// replication offsets, and the slots read with the loads would not
+	// be the index's. A fixed pick per process keeps a lookup on one
+	// replica of its slot; pods pick apart.
+	co.ShardPicker = fixedPicker(rand.Uint32())
+	return instrument(redis.NewClusterClient(co)), nil
 }
+
+// readConnLifetime bounds a Sentinel read client's connections.
+const readConnLifetime = 30 * time.Second
+
+// fixedPicker picks the same one of any number of replicas every time.
+type fixedPicker uint32
+
+func (p fixedPicker) Next(total int) int { return int(uint32(p) % uint32(max(total, 1))) }
 
 // readURL is the read URL with the primary's user, password and query
 // where it gives none.
@@ -165,13 +190,20 @@ func readURL(primary, read string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("redis url: %w", err)
 	}
+	if p.Scheme == "rediss" && r.Scheme != "rediss" {
+		return "", fmt.Errorf("redis read url: the primary's URL is rediss://, so must the read URL be (the password would cross in clear)")
+	}
 	if r.User == nil {
 		r.User = p.User
 	}
-	if r.RawQuery == "" {
-		r.RawQuery = p.RawQuery
+	q := r.Query()
+	for k, v := range p.Query() {
+		if !q.Has(k) {
+			q[k] = v
+		}
 	}
-	if r.Path == "" {
+	r.RawQuery = q.Encode()
+	if r.Path == "" || r.Path == "/" {
 		r.Path = p.Path
 	}
 	return r.String(), nil
@@ -185,12 +217,14 @@ func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", err)
 	}
-	reads, err := NewReadClient(c)
-	if err != nil {
-		_ = rc.Close()
-		return nil, fmt.Errorf("store: open: %w", err)
+	reads := opt.Reads
+	if reads == nil {
+		if reads, err = NewReadClient(c); err != nil {
+			_ = rc.Close()
+			return nil, fmt.Errorf("store: open: %w", err)
+		}
+		opt.Reads = reads
 	}
-	opt.Reads = reads
 	s := New(rc, opt)
 	if err := s.c.Ping(ctx).Err(); err != nil {
 		_ = s.Close()
@@ -199,9 +233,11 @@ func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
 	// A replica that does not answer yet is no reason to refuse to start:
 	// reads fall back to the primary until it does.
 	if reads != nil {
-		if err := reads.Ping(ctx).Err(); err != nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		if err := reads.Ping(pctx).Err(); err != nil {
 			s.readFailed(err)
 		}
+		cancel()
 	}
 	return s, nil
 }

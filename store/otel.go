@@ -138,6 +138,9 @@ func (s *Store) CountErrors(mp metric.MeterProvider) error {
 		return err
 	}
 	s.c.AddHook(errorCounter{c})
+	if s.reads.c != nil {
+		s.reads.c.AddHook(errorCounter{c})
+	}
 	return nil
 }
 

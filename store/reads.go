@@ -15,10 +15,13 @@ import (
 // booking must run on the primary. With Config.ReadReplicas the plain
 // lookup reads go to a replica through batchers of their own (a shared
 // pipeline is sent to a replica only when every command in it reads), and
-// the primary is left the bookings, events and leases. A failed replica
-// read is asked again of the primary at once, and the primary takes every
-// lookup for readBackoff after it, so a replica that is down, restarting
-// or hung costs one timeout per window, not one per decision. lookup.lua
+// the primary is left the bookings, events and leases. A replica read has
+// a budget of its own (readBudget, well inside the decision's), so that a
+// replica that hangs or crawls leaves the decision time to ask the
+// primary. A failed replica read is asked again of the primary at once,
+// and the primary takes every lookup for readBackoff after it: a replica
+// that is down, restarting or hung costs the decisions in flight when it
+// fails one budget each, once a window. lookup.lua
 // (a chain the hints do not prove) stays on the primary: it is the rarer
 // path, and a script that only reads still needs EVAL_RO, which not every
 // server kvroute supports has.
@@ -26,6 +29,12 @@ import (
 // readBackoff is how long lookups stay on the primary after a replica
 // failed one.
 const readBackoff = 5 * time.Second
+
+// readBudget bounds a replica read: a healthy replica answers a lookup in
+// a millisecond or two, and a decision's store calls get 250 ms by
+// default, so most of it is left for the primary. A caller with less
+// time left gives the replica half of it.
+const readBudget = 50 * time.Millisecond
 
 // replicaReads is the Store's read client and its state.
 type replicaReads struct {
@@ -59,8 +68,18 @@ func (s *Store) readFailed(err error) {
 	r := &s.reads
 	r.failed.Add(1)
 	now := s.now()
-	if prev := r.downUntil.Swap(now.Add(readBackoff).UnixNano()); prev < now.UnixNano() {
-		s.log.Warn("lookup reads go to the primary: the replica failed one", "for", readBackoff, "err", err)
+	until := now.Add(readBackoff).UnixNano()
+	for {
+		prev := r.downUntil.Load()
+		if prev >= until {
+			return // a concurrent failure opened a later window
+		}
+		if r.downUntil.CompareAndSwap(prev, until) {
+			if prev < now.UnixNano() {
+				s.log.Warn("lookup reads go to the primary: the replica failed one", "for", readBackoff, "err", err)
+			}
+			return
+		}
 	}
 }
 
@@ -70,10 +89,16 @@ func (s *Store) readFailed(err error) {
 // twice). check runs only on a replica's answer; nil accepts any.
 func (s *Store) readVia(ctx context.Context, model string, mk func() []redis.Cmder, check func() error) error {
 	b, replica := s.readBatcher(model)
-	err := b.do(ctx, mk()...)
 	if !replica {
-		return err
+		return b.do(ctx, mk()...)
 	}
+	budget := readBudget
+	if d, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(d)/2)
+	}
+	rctx, cancel := context.WithTimeout(ctx, budget)
+	err := b.do(rctx, mk()...)
+	cancel()
 	if err == nil && check != nil {
 		err = check()
 	}
@@ -93,8 +118,10 @@ func (s *Store) readVia(ctx context.Context, model string, mk func() []redis.Cmd
 // empty data set until then, unless replica-serve-stale-data is off).
 var errReplicaEmpty = errors.New("the replica does not have the model's slots")
 
-// ReplicaReads reports how many lookups a replica answered and how many
-// of its reads failed over to the primary.
+// ReplicaReads reports how many lookups the read client answered (a
+// Cluster or Sentinel client may itself send one to a primary when no
+// replica is up) and how many replica reads failed, Open's first ping
+// included.
 func (s *Store) ReplicaReads() (served, failed int64) {
 	return s.reads.served.Load(), s.reads.failed.Load()
 }

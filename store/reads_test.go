@@ -4,8 +4,10 @@ import (
 	"context"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,24 +108,34 @@ func waitReplicated(t *testing.T, primary, replica string) {
 // primary's, and the replica, not the primary, ran the reads.
 func TestReadReplicas(t *testing.T) {
 	const n = 40
-	check := func(t *testing.T, s *store.Store, model string, keys []kvroute.BlockKey, primary, replica string) {
+	// check wants every plain lookup read from one of replicas, all three
+	// of its HMGETs from the same one (a lookup's reads must come from
+	// one replication offset), and none from the primary.
+	check := func(t *testing.T, s *store.Store, model string, keys []kvroute.BlockKey, primary string, replicas ...string) {
 		t.Helper()
 		// The first lookup of a chain runs lookup.lua on the primary (no
 		// hints yet); every later one is a plain read of three HMGETs.
 		lookups(t, s, model, keys, 1)
-		waitReplicated(t, primary, replica)
-		p0, r0 := hmgets(t, primary), hmgets(t, replica)
+		r0 := make([]int64, len(replicas))
+		for i, r := range replicas {
+			waitReplicated(t, primary, r)
+			r0[i] = hmgets(t, r)
+		}
+		p0 := hmgets(t, primary)
 		served0, _ := s.ReplicaReads()
 		lookups(t, s, model, keys, n)
-		p1, r1 := hmgets(t, primary), hmgets(t, replica)
 		served, failed := s.ReplicaReads()
 		if served-served0 != n || failed != 0 {
 			t.Errorf("replica served %d lookups, %d failed; want %d, none failed", served-served0, failed, n)
 		}
-		if got := r1 - r0; got != 3*n {
-			t.Errorf("the replica ran %d HMGETs, want %d", got, 3*n)
+		var ran []int64
+		for i, r := range replicas {
+			ran = append(ran, hmgets(t, r)-r0[i])
 		}
-		if got := p1 - p0; got != 0 {
+		if !slices.Contains(ran, 3*n) || slices.Max(ran) != 3*n || sum(ran) != 3*n {
+			t.Errorf("the replicas ran %v HMGETs, want %d on one of them and none on the others", ran, 3*n)
+		}
+		if got := hmgets(t, primary) - p0; got != 0 {
 			t.Errorf("the primary ran %d HMGETs, want none", got)
 		}
 	}
@@ -147,20 +159,29 @@ func TestReadReplicas(t *testing.T) {
 		check(t, s, mdl, keys, set.Primary, set.Replica)
 	})
 	t.Run("cluster", func(t *testing.T) {
-		c := redistest.ClusterWithReplicas(t, 3, 1)
+		c := redistest.ClusterWithReplicas(t, 3, 2)
 		s, err := open(t, store.Config{Addrs: c.Addrs()[:3], ReadReplicas: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		keys := readFixture(t, s, mdl)
 		p := c.Addrs()[c.Primary(t, "kvr:{m:"+mdl+"}:load")]
-		check(t, s, mdl, keys, p, replicaOf(t, c, p))
+		check(t, s, mdl, keys, p, replicasOf(t, c, p)...)
 	})
 }
 
-// replicaOf is the address of the cluster node replicating primary.
-func replicaOf(t *testing.T, c *redistest.RedisCluster, primary string) string {
+func sum(v []int64) (n int64) {
+	for _, x := range v {
+		n += x
+	}
+	return n
+}
+
+// replicasOf is the addresses of the cluster nodes replicating primary.
+func replicasOf(t *testing.T, c *redistest.RedisCluster, primary string) []string {
 	t.Helper()
+	var out []string
+	host, port, _ := net.SplitHostPort(primary)
 	for _, a := range c.Addrs() {
 		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
 		info, err := rc.Info(context.Background(), "replication").Result()
@@ -168,18 +189,20 @@ func replicaOf(t *testing.T, c *redistest.RedisCluster, primary string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		host, port, _ := net.SplitHostPort(primary)
 		if strings.Contains(info, "master_host:"+host+"\r\nmaster_port:"+port+"\r\n") {
-			return a
+			out = append(out, a)
 		}
 	}
-	t.Fatalf("no node replicates %s", primary)
-	return ""
+	if len(out) == 0 {
+		t.Fatalf("no node replicates %s", primary)
+	}
+	return out
 }
 
-// TestReadReplicaFails: a replica that cannot be reached, or that has
-// none of the model's data (restarted empty, not yet synced), costs one
-// failed read a window; every lookup still gets the primary's answer.
+// TestReadReplicaFails: a replica that cannot be reached, that accepts
+// connections and never answers, or that has none of the model's data
+// (restarted empty, not yet synced), costs one failed read a window;
+// every lookup still gets the primary's answer within a decision's time.
 func TestReadReplicaFails(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -195,6 +218,7 @@ func TestReadReplicaFails(t *testing.T) {
 			return addr
 		}},
 		{"empty", func(t *testing.T) string { return strings.TrimPrefix(redistest.Server(t), "redis://") }},
+		{"hung", func(t *testing.T) string { return hungServer(t) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -206,16 +230,97 @@ func TestReadReplicaFails(t *testing.T) {
 			}
 			defer s.Close()
 			keys := readFixture(t, s, mdl)
-			// An unreachable replica fails Open's ping, which opens the
-			// first window; an empty one fails the first plain read.
+			// An unreachable or hung replica fails Open's ping, which
+			// opens the first window; an empty one fails the first plain
+			// read. Each lookup gets the primary's answer, in time: a
+			// decision gives its store calls 250 ms.
+			t0 := time.Now()
 			lookups(t, s, mdl, keys, 20)
+			if took := time.Since(t0); took > 2*time.Second {
+				t.Errorf("20 lookups took %v", took)
+			}
 			if _, failed := s.ReplicaReads(); failed != 1 {
 				t.Errorf("failed replica reads in one window = %d, want 1", failed)
 			}
 			clk.Add(6 * time.Second) // past the window
-			lookups(t, s, mdl, keys, 20)
+			lctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+			if _, _, err := s.Lookup(lctx, mdl, keys, []string{"a", "b"}); err != nil {
+				t.Errorf("the first lookup after the window, with a decision's 250 ms: %v", err)
+			}
+			cancel()
+			lookups(t, s, mdl, keys, 19)
 			if served, failed := s.ReplicaReads(); failed != 2 || served != 0 {
 				t.Errorf("after the next window: %d failed replica reads, %d served; want 2, 0", failed, served)
+			}
+		})
+	}
+}
+
+// hungServer listens on loopback, accepts connections and never answers
+// (a stopped or wedged server); it closes them when the test ends.
+func hungServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+// TestReadURL: the read client of one server takes the primary URL's
+// credentials, options and database where the read URL gives none, and a
+// TLS primary's password never goes to a plain-TCP replica.
+func TestReadURL(t *testing.T) {
+	for _, tc := range []struct {
+		name, primary, read string
+		wantAddr, wantPass  string
+		wantDB              int
+		wantRead            time.Duration
+		wantErr             string
+	}{
+		{name: "inherits", primary: "redis://:pw@p:1/2?read_timeout=2s", read: "redis://r:2", wantAddr: "r:2", wantPass: "pw", wantDB: 2, wantRead: 2 * time.Second},
+		{name: "slash path", primary: "redis://:pw@p:1/3", read: "redis://r:2/", wantAddr: "r:2", wantPass: "pw", wantDB: 3, wantRead: 500 * time.Millisecond},
+		{name: "own options win", primary: "redis://:pw@p:1/2?read_timeout=2s&pool_size=7", read: "redis://:other@r:2/1?read_timeout=1s", wantAddr: "r:2", wantPass: "other", wantDB: 1, wantRead: time.Second},
+		{name: "tls primary, plain replica", primary: "rediss://:pw@p:1", read: "redis://r:2", wantErr: "rediss://"},
+		{name: "not a url", primary: "redis://p:1", read: "r:2", wantErr: "read url"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := store.NewReadClient(store.Config{URL: tc.primary, ReadURL: tc.read})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one naming %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			o := c.(*redis.Client).Options()
+			if o.Addr != tc.wantAddr || o.Password != tc.wantPass || o.DB != tc.wantDB || o.ReadTimeout != tc.wantRead {
+				t.Errorf("read client: addr %q, password %q, db %d, read timeout %v; want %q, %q, %d, %v",
+					o.Addr, o.Password, o.DB, o.ReadTimeout, tc.wantAddr, tc.wantPass, tc.wantDB, tc.wantRead)
 			}
 		})
 	}

@@ -21,26 +21,31 @@ import (
 // within the request deadline (degraded while the store cannot be
 // asked), every one is released, decisions are cache-aware again by
 // themselves with the index the old primary replicated, and bookings
-// land on the new primary.
+// land on the new primary. Each runs with the lookups' reads on the
+// primary and on the replica (--redis-read-replicas): the replica that is
+// promoted leaves the read client no replica, and it reads from the new
+// primary.
 func TestSentinelFailover(t *testing.T) {
-	t.Run("planned", func(t *testing.T) {
-		sentinelFault(t, func(set redistest.SentinelSet, sc *redis.SentinelClient) error {
-			return sc.Failover(context.Background(), set.Master).Err()
+	for _, reads := range []string{"primary", "replica"} {
+		t.Run("planned/reads="+reads, func(t *testing.T) {
+			sentinelFault(t, reads == "replica", func(set redistest.SentinelSet, sc *redis.SentinelClient) error {
+				return sc.Failover(context.Background(), set.Master).Err()
+			})
 		})
-	})
-	t.Run("primary killed", func(t *testing.T) {
-		sentinelFault(t, func(set redistest.SentinelSet, _ *redis.SentinelClient) error {
-			set.KillPrimary(t)
-			return nil
+		t.Run("primary killed/reads="+reads, func(t *testing.T) {
+			sentinelFault(t, reads == "replica", func(set redistest.SentinelSet, _ *redis.SentinelClient) error {
+				set.KillPrimary(t)
+				return nil
+			})
 		})
-	})
+	}
 }
 
-func sentinelFault(t *testing.T, fault func(redistest.SentinelSet, *redis.SentinelClient) error) {
+func sentinelFault(t *testing.T, onReplica bool, fault func(redistest.SentinelSet, *redis.SentinelClient) error) {
 	set := redistest.Sentinels(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	st, err := store.OpenConfig(ctx, store.Config{Addrs: []string{set.Sentinel}, MasterName: set.Master}, store.Options{})
+	st, err := store.OpenConfig(ctx, store.Config{Addrs: []string{set.Sentinel}, MasterName: set.Master, ReadReplicas: onReplica}, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,8 +108,12 @@ func sentinelFault(t *testing.T, fault func(redistest.SentinelSet, *redis.Sentin
 	if err := <-failedOver; err != nil {
 		t.Fatalf("failover: %v", err)
 	}
-	t.Logf("Sentinel failover: %d decisions, %d degraded, slowest %v; cache-aware %v after the Sentinel switched",
-		decisions, degraded, slowest, recovered.Sub(switched).Round(time.Millisecond))
+	served, failed := st.ReplicaReads()
+	t.Logf("Sentinel failover: %d decisions, %d degraded, slowest %v; cache-aware %v after the Sentinel switched; lookups on a replica %d, failed over %d",
+		decisions, degraded, slowest, recovered.Sub(switched).Round(time.Millisecond), served, failed)
+	if onReplica && served == 0 {
+		t.Error("no lookup read from the replica")
+	}
 	if switched.IsZero() {
 		t.Fatal("the Sentinel never switched to the replica")
 	}

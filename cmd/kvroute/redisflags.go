@@ -28,8 +28,8 @@ func redisFlags(fs *flag.FlagSet, c *store.Config, urlUsage string) {
 	fs.StringVar(&c.TLSCertFile, "redis-tls-cert", "", "PEM client certificate `file`, for servers that require one")
 	fs.StringVar(&c.TLSKeyFile, "redis-tls-key", "", "PEM `file` of --redis-tls-cert's private key")
 	fs.StringVar(&c.TLSServerName, "redis-tls-server-name", "", "`name` the server's certificate must carry, when not the host dialled (cluster nodes are dialled by IP)")
-	fs.BoolVar(&c.ReadReplicas, "redis-read-replicas", false, "send lookups' reads to replicas (a Cluster's or a Sentinel's), leaving the primary the bookings; a failed replica read goes to the primary")
-	fs.StringVar(&c.ReadURL, "redis-read-url", "", "one server's replica or a managed Redis's reader endpoint (`redis://host:port`) for lookups' reads; user, password and options default to --redis-url's")
+	fs.BoolVar(&c.ReadReplicas, "redis-read-replicas", false, "serve: send lookups' reads to replicas (a Cluster's or a Sentinel's), leaving the primary the bookings; a failed replica read goes to the primary (ingest ignores it)")
+	fs.StringVar(&c.ReadURL, "redis-read-url", "", "serve: one server's replica or a managed Redis's reader endpoint (`redis://host:port`, rediss:// when --redis-url is) for lookups' reads; user, password, options and database default to --redis-url's (ingest ignores it)")
 }
 
 // checkRedisFlags rejects combinations that cannot work, naming the flags,

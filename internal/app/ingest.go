@@ -58,6 +58,9 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = slog.New(telemetry.LogHandler(log.Handler()))
+	// An ingestor makes no lookups: the settings it shares with serve
+	// for them would only open a client it never uses.
+	rc.ReadReplicas, rc.ReadURL = false, ""
 	st, err := store.OpenConfig(ctx, rc, store.Options{Logger: log})
 	if err != nil {
 		return err
