@@ -101,7 +101,9 @@ func render(tb testing.TB, dir string) *objects {
 	return o
 }
 
-var patchDirective = regexp.MustCompile(`(?m)^\$patch:.*$`)
+// patchDirective is a strategic-merge directive: on its own line, at the
+// top of a patch (an object deleted) or in a list item (an entry deleted).
+var patchDirective = regexp.MustCompile(`(?m)^[ \t]*\$patch:.*$`)
 
 // TestKustomizationFiles decodes every file under k8s/ strictly: each
 // kustomization into kustomize's own type, each resource and patch into
@@ -203,6 +205,31 @@ func TestOverlays(t *testing.T) {
 		}
 		if got := len(dev.Secrets); got != 1 {
 			t.Errorf("dev: %d Secrets, want 1 (generated)", got)
+		}
+	})
+	t.Run("production-cluster reaches Redis as a cluster", func(t *testing.T) {
+		o := build(t, filepath.Join("k8s", "overlays", "production-cluster"))
+		for _, name := range []string{"kvroute-serve", "kvroute-ingest"} {
+			d := o.deployment(name)
+			if d == nil {
+				t.Fatalf("no Deployment %s", name)
+			}
+			c := d.Spec.Template.Spec.Containers[0]
+			if _, set, _ := envValue(o, c, "KVROUTE_REDIS_URL"); set {
+				t.Errorf("%s: KVROUTE_REDIS_URL still set: the seeds replace it", name)
+			}
+			for k, want := range map[string]string{"KVROUTE_REDIS_ADDRS": "clustercfg.NAME.xxxxxx.REGION.cache.amazonaws.com:6379", "KVROUTE_REDIS_CLUSTER": "true", "KVROUTE_REDIS_TLS": "true"} {
+				if got, _, known := envValue(o, c, k); !known || got != want {
+					t.Errorf("%s: %s = %q, want %q", name, k, got, want)
+				}
+			}
+			if _, set, _ := envValue(o, c, "KVROUTE_REDIS_PASSWORD"); !set {
+				t.Errorf("%s: no KVROUTE_REDIS_PASSWORD (from the Secret)", name)
+			}
+			_, reads, _ := envValue(o, c, "KVROUTE_REDIS_READ_REPLICAS")
+			if want := name == "kvroute-serve"; reads != want {
+				t.Errorf("%s: KVROUTE_REDIS_READ_REPLICAS set = %v, want %v (only serve makes lookups)", name, reads, want)
+			}
 		}
 	})
 }
