@@ -119,6 +119,9 @@ func NewClient(c Config) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Topology() == "cluster" {
+		return instrument(newClusterClient(uo.Cluster())), nil
+	}
 	return instrument(redis.NewUniversalClient(uo)), nil
 }
 
@@ -168,7 +171,7 @@ func NewReadClient(c Config) (redis.UniversalClient, error) {
 	// be the index's. A fixed pick per process keeps a lookup on one
 	// replica of its slot; pods pick apart.
 	co.ShardPicker = fixedPicker(rand.Uint32())
-	return instrument(redis.NewClusterClient(co)), nil
+	return instrument(newClusterClient(co)), nil
 }
 
 // readConnLifetime bounds a Sentinel read client's connections.
