@@ -1,16 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/store"
+	"github.com/redis/go-redis/v9"
 )
 
 // serveAndAnswer runs a kvroute command line until url answers 200, then
@@ -103,4 +110,108 @@ func TestRedisSettings(t *testing.T) {
 			t.Errorf("exit code %d, want 1", code)
 		}
 	})
+}
+
+// TestServeReadReplica runs `kvroute serve --redis-read-url` against a
+// real primary and its replica: decisions are cache-aware over the index
+// written to the primary, and their lookups are read from the replica.
+func TestServeReadReplica(t *testing.T) {
+	primary := strings.TrimPrefix(redistest.Server(t), "redis://")
+	replica := redistest.Replica(t, primary)
+	ctx := context.Background()
+	st, err := store.Open(ctx, "redis://"+primary, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const m = "read-model"
+	for _, id := range []string{"r0", "r1"} {
+		if err := st.PutReplica(ctx, kvroute.Replica{ID: id, Model: m, URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokens := make([]uint32, 4*kvroute.DefaultBlockSize)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i)
+	}
+	var ops []kvroute.IndexOp
+	parent := kvroute.NoParent
+	for _, k := range kvroute.BlockKeys(kvroute.KeySpace{Model: m}, kvroute.DefaultBlockSize, tokens, nil) {
+		ops = append(ops, kvroute.IndexOp{Kind: kvroute.OpStore, EngineHash: uint64(k) ^ 1, Key: k, Parent: parent})
+		parent = k
+	}
+	if _, err := st.Apply(ctx, m, "r0", 1, ops); err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: replica})
+	defer rc.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := rc.Exists(ctx, "kvr:{m:"+m+"}:blk").Result(); n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica never received the index")
+		}
+	}
+	hmgets := func() int64 {
+		info, err := rc.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(info, "cmdstat_hmget:calls=")
+		n, _ := strconv.ParseInt(rest[:max(strings.IndexByte(rest, ','), 0)], 10, 64)
+		return n
+	}
+
+	listen := freeListen(t)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(sctx, []string{"serve", "--listen", listen, "--redis-url", "redis://" + primary, "--redis-read-url", "redis://" + replica}, io.Discard, io.Discard)
+	}()
+	base := "http://" + listen
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("serve never became ready")
+		}
+	}
+	before := hmgets()
+	body, _ := json.Marshal(map[string]any{"model": m, "token_ids": tokens, "max_tokens": 8})
+	for i := range 3 {
+		resp, err := http.Post(base+"/v1/route", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Replica struct {
+				ID string `json:"id"`
+			} `json:"replica"`
+			Matched  int  `json:"matched_blocks"`
+			Degraded bool `json:"degraded"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || got.Replica.ID != "r0" || got.Matched != 4 || got.Degraded {
+			t.Fatalf("decision %d: %d %+v %v; want r0 with 4 matched blocks, not degraded", i, resp.StatusCode, got, err)
+		}
+	}
+	if got := hmgets() - before; got < 9 {
+		t.Errorf("the replica ran %d HMGETs for 3 decisions, want the lookups' 9", got)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("serve exit code %d, want 0", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
 }
