@@ -169,7 +169,9 @@ func NewReadClient(c Config) (redis.UniversalClient, error) {
 	// three reads of one lookup would come from replicas at different
 	// replication offsets, and the slots read with the loads would not
 	// be the index's. A fixed pick per process keeps a lookup on one
-	// replica of its slot; pods pick apart.
+	// replica of its slot; pods pick apart. When the picked replica is
+	// failing, go-redis sends this pod's reads to the primary (not to
+	// another replica) until the replica recovers or leaves the slot map.
 	co.ShardPicker = fixedPicker(rand.Uint32())
 	return instrument(newClusterClient(co)), nil
 }
@@ -200,8 +202,9 @@ func readURL(primary, read string) (string, error) {
 		r.User = p.User
 	}
 	q := r.Query()
+	ownDB := r.Path != "" && r.Path != "/"
 	for k, v := range p.Query() {
-		if !q.Has(k) {
+		if !q.Has(k) && !(k == "db" && ownDB) {
 			q[k] = v
 		}
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,8 +20,8 @@ import (
 // unreachable.
 
 // clusterReload bounds how long a Cluster client routes by a map a
-// failover has made wrong: one CLUSTER SLOTS per interval per process,
-// asked only when there is traffic.
+// failover has made wrong: one CLUSTER SLOTS per interval per client (a
+// pod with replica reads has two), asked only when there is traffic.
 const clusterReload = 2 * time.Second
 
 // newClusterClient builds a Cluster client from co with the reloads above.
@@ -56,8 +57,9 @@ func (h reloadOnOutage) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 func (h reloadOnOutage) check(err error) {
-	// A caller that gave up says nothing about the cluster.
-	if err != nil && err != context.Canceled && unavailable(err) {
+	// A caller that gave up says nothing about the cluster; a deadline
+	// may (a hung node), and go-redis runs one reload at a time.
+	if err != nil && !errors.Is(err, context.Canceled) && unavailable(err) {
 		h.c.ReloadState(context.Background())
 	}
 }

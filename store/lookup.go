@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"fmt"
 	"strconv"
 	"sync"
@@ -53,16 +54,20 @@ func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	var lv []any
 	plain := false
 	// A chain of at most hintStride blocks is read whole (every block a
-	// probe, which proves every run); a longer one needs its hints, which
-	// may be none: one run from the first block to the last, proved by
-	// those two.
-	if len(keys) > 0 && (known || len(keys) <= hintStride) && s.fast.try() {
+	// probe, which proves every run: it always is, so it is no evidence
+	// for fast's verdict on the hinted reads); a longer one needs its
+	// hints, which may be none: one run from the first block to the last,
+	// proved by those two.
+	short := len(keys) > 0 && len(keys) <= hintStride
+	if short || (known && s.fast.try()) {
 		var ok bool
 		segs, asegs, lv, ok, err = s.lookupPlain(ctx, model, keys, hints, fields)
 		if err != nil {
 			return nil, nil, false, err
 		}
-		s.fast.result(ok)
+		if !short {
+			s.fast.result(ok)
+		}
 		plain = ok
 	}
 	if !plain {
@@ -70,7 +75,7 @@ func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 			return nil, nil, false, err
 		}
 		if !s.noHints {
-			s.hints.put(model, keys, segs)
+			s.hints.put(model, keys, segs, asegs)
 		}
 	}
 	if len(lv) != len(fields) {
@@ -269,17 +274,23 @@ func (h *hintCache) get(model string, keys []kvroute.BlockKey) (ends []int32, fo
 // put files the run ends of segs (lookup.lua's GPU segments: run ends and
 // their values) for keys: each end and the block after it, where the next
 // run starts.
-func (h *hintCache) put(model string, keys []kvroute.BlockKey, segs []any) {
+func (h *hintCache) put(model string, keys []kvroute.BlockKey, segs, asegs []any) {
 	n := len(keys)
 	if n <= hintStride {
 		return
 	}
+	// The approximate entries' run ends too: the plain read proves both
+	// at the same probes, and a fleet without events has only those.
 	var pos []int32
-	for j := 0; j+1 < len(segs) && len(pos)+2 <= hintMax; j += 2 {
-		if e := asInt(segs[j]); e < n-1 {
-			pos = append(pos, int32(e), int32(e+1))
+	for _, sg := range [][]any{segs, asegs} {
+		for j := 0; j+1 < len(sg) && len(pos)+2 <= hintMax; j += 2 {
+			if e := asInt(sg[j]); e < n-1 {
+				pos = append(pos, int32(e), int32(e+1))
+			}
 		}
 	}
+	slices.Sort(pos)
+	pos = slices.Compact(pos)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for p := hintStride; p < n; p += hintStride {

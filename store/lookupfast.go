@@ -97,7 +97,10 @@ func (s *Store) lookupPlain(ctx context.Context, model string, keys []kvroute.Bl
 		pf[i] = keyField(keys[p])
 	}
 	var blk, ax, lres *redis.SliceCmd
-	if err = s.readVia(ctx, model, func() []redis.Cmder {
+	// A model this pod has not read slots of goes to the primary: a
+	// replica without the model's data (restarted empty) could not be
+	// told from a model without slots.
+	if err = s.readVia(ctx, model, s.slotc.seen(model), func() []redis.Cmder {
 		blk, ax, lres = hmget(ctx, blkKey(model), pf), hmget(ctx, axKey(model), pf), hmget(ctx, loadKey(model), fields)
 		return []redis.Cmder{blk, ax, lres}
 	}, func() error {

@@ -87,14 +87,15 @@ func (s *Store) readFailed(err error) {
 // when a replica fails them, or answers what check refuses, makes them
 // again and sends them to the primary (a sent command cannot be sent
 // twice). check runs only on a replica's answer; nil accepts any.
-func (s *Store) readVia(ctx context.Context, model string, mk func() []redis.Cmder, check func() error) error {
+// replicaOK false sends them to the primary.
+func (s *Store) readVia(ctx context.Context, model string, replicaOK bool, mk func() []redis.Cmder, check func() error) error {
 	b, replica := s.readBatcher(model)
-	if !replica {
-		return b.do(ctx, mk()...)
-	}
 	budget := readBudget
 	if d, ok := ctx.Deadline(); ok {
 		budget = min(budget, time.Until(d)/2)
+	}
+	if !replica || !replicaOK || budget < time.Millisecond {
+		return s.batcher(model).do(ctx, mk()...)
 	}
 	rctx, cancel := context.WithTimeout(ctx, budget)
 	err := b.do(rctx, mk()...)
@@ -109,7 +110,11 @@ func (s *Store) readVia(ctx context.Context, model string, mk func() []redis.Cmd
 	if ctx.Err() != nil {
 		return err
 	}
-	s.readFailed(err)
+	// A replica that missed a budget cut short by the caller's own
+	// deadline is not taken for a failing one.
+	if !(budget < readBudget && errors.Is(err, context.DeadlineExceeded)) {
+		s.readFailed(err)
+	}
 	return s.batcher(model).do(ctx, mk()...)
 }
 

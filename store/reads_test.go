@@ -230,6 +230,13 @@ func TestReadReplicaFails(t *testing.T) {
 			}
 			defer s.Close()
 			keys := readFixture(t, s, mdl)
+			// A pod's first lookup of a model goes to the primary, short
+			// chain or not: an empty replica would answer "nothing held"
+			// with nothing to tell it from a model without data.
+			ov, _, err := s.Lookup(ctx, mdl, keys[:12], []string{"a", "b"})
+			if err != nil || ov[0] != (kvroute.Overlap{GPU: 12, Any: 12}) || ov[1] != (kvroute.Overlap{GPU: 12, Any: 12}) {
+				t.Fatalf("first lookup of a 12-block chain = %+v, %v; want 12 blocks on both", ov, err)
+			}
 			// An unreachable or hung replica fails Open's ping, which
 			// opens the first window; an empty one fails the first plain
 			// read. Each lookup gets the primary's answer, in time: a
@@ -302,6 +309,7 @@ func TestReadURL(t *testing.T) {
 		{name: "inherits", primary: "redis://:pw@p:1/2?read_timeout=2s", read: "redis://r:2", wantAddr: "r:2", wantPass: "pw", wantDB: 2, wantRead: 2 * time.Second},
 		{name: "slash path", primary: "redis://:pw@p:1/3", read: "redis://r:2/", wantAddr: "r:2", wantPass: "pw", wantDB: 3, wantRead: 500 * time.Millisecond},
 		{name: "own options win", primary: "redis://:pw@p:1/2?read_timeout=2s&pool_size=7", read: "redis://:other@r:2/1?read_timeout=1s", wantAddr: "r:2", wantPass: "other", wantDB: 1, wantRead: time.Second},
+		{name: "own database over the primary's query", primary: "redis://p:1?db=2", read: "redis://r:2/1", wantAddr: "r:2", wantDB: 1, wantRead: 500 * time.Millisecond},
 		{name: "tls primary, plain replica", primary: "rediss://:pw@p:1", read: "redis://r:2", wantErr: "rediss://"},
 		{name: "not a url", primary: "redis://p:1", read: "r:2", wantErr: "read url"},
 	} {

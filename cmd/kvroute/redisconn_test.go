@@ -182,9 +182,14 @@ func TestServeReadReplica(t *testing.T) {
 			t.Fatal("serve never became ready")
 		}
 	}
-	before := hmgets()
 	body, _ := json.Marshal(map[string]any{"model": m, "token_ids": tokens, "max_tokens": 8})
-	for i := range 3 {
+	var before int64
+	// The first decision's lookup reads from the primary (the pod has not
+	// seen the model's slots yet); the next three from the replica.
+	for i := range 4 {
+		if i == 1 {
+			before = hmgets()
+		}
 		resp, err := http.Post(base+"/v1/route", "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
