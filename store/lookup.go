@@ -2,8 +2,8 @@ package store
 
 import (
 	"context"
-	"slices"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 
