@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/internal/testfiles"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
@@ -52,7 +53,9 @@ import (
 //	go test -run '^$' -bench Load -benchtime 1x -timeout 20m ./tests/
 //
 // KVROUTE_LOAD_PODS (default 3) sets the number of pods, KVROUTE_LOAD_SECS
-// (default 4) the length of each phase, KVROUTE_BIN a prebuilt binary.
+// (default 4) the length of each phase, KVROUTE_BIN a prebuilt binary;
+// KVROUTE_LOAD_READS=replica gives the pods a replica of the server for
+// their lookups' reads (--redis-read-url), and (a) is then the pair's.
 //
 // KVROUTE_BIN_BEFORE names a second binary (an earlier commit's) to measure
 // in the same run, before this tree's: build=before and build=after.
@@ -131,7 +134,7 @@ type loadPod struct {
 // startPods runs n `kvroute serve` processes against url, each on a port
 // picked here, logs (one access line per request, as in production) to a
 // file, and waits until each answers /readyz.
-func startPods(tb testing.TB, bin, url string, n int) []*loadPod {
+func startPods(tb testing.TB, bin, url string, n int, extra ...string) []*loadPod {
 	var pods []*loadPod
 	dir := tb.TempDir()
 	for i := range n {
@@ -140,7 +143,7 @@ func startPods(tb testing.TB, bin, url string, n int) []*loadPod {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cmd := exec.Command(bin, "serve", "--listen", addr, "--redis-url", url, "--log-format", "json")
+		cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--redis-url", url, "--log-format", "json"}, extra...)...)
 		cmd.Stdout, cmd.Stderr = io.Discard, logf
 		if err := cmd.Start(); err != nil {
 			tb.Fatal(err)
@@ -300,6 +303,7 @@ type phase struct {
 	lat        []time.Duration
 	podCPU     time.Duration
 	redisCPU   time.Duration
+	replicaCPU time.Duration // the read replica's, when the pods have one
 	scriptUsec int64
 	cmdUsec    map[string]int64
 	cmdCalls   map[string]int64
@@ -338,7 +342,10 @@ type loadGen struct {
 	bodies [][]byte
 	client *http.Client
 	rc     *redis.Client
-	next   atomic.Uint64
+	// replica is the pods' read replica (KVROUTE_LOAD_READS=replica); nil
+	// when they read from the primary.
+	replica *redis.Client
+	next    atomic.Uint64
 }
 
 // one sends the next body to the next pod and reports whether it was a
@@ -370,11 +377,18 @@ func (g *loadGen) one() (ok, aware bool) {
 func (g *loadGen) measure(name string, target float64, f func(ph *phase)) *phase {
 	ph := &phase{name: name, target: target}
 	c0, r0 := podsCPU(g.tb, g.pods), readRedisStats(g.tb, g.rc)
+	var q0, q1 redisStats
+	if g.replica != nil {
+		q0 = readRedisStats(g.tb, g.replica)
+	}
 	t0 := time.Now()
 	f(ph)
 	ph.elapsed = time.Since(t0)
 	c1, r1 := podsCPU(g.tb, g.pods), readRedisStats(g.tb, g.rc)
-	ph.podCPU, ph.redisCPU = c1-c0, r1.cpu-r0.cpu
+	if g.replica != nil {
+		q1 = readRedisStats(g.tb, g.replica)
+	}
+	ph.podCPU, ph.redisCPU, ph.replicaCPU = c1-c0, r1.cpu-r0.cpu, q1.cpu-q0.cpu
 	ph.cmdUsec, ph.cmdCalls = map[string]int64{}, map[string]int64{}
 	for k, v := range r1.usec {
 		ph.cmdUsec[k] = v - r0.usec[k]
@@ -517,10 +531,20 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 		raw, _ := json.Marshal(map[string]any{"model": "bench", "token_ids": p, "max_tokens": 64})
 		bodies = append(bodies, raw)
 	}
-	pods := startPods(b, bin, url, nPods)
+	// KVROUTE_LOAD_READS=replica gives the pods a replica of the server
+	// for their lookups' reads (--redis-read-url).
+	var extra []string
+	var replica *redis.Client
+	if os.Getenv("KVROUTE_LOAD_READS") == "replica" {
+		addr := redistest.Replica(b, strings.TrimPrefix(url, "redis://"))
+		replica = redis.NewClient(&redis.Options{Addr: addr})
+		b.Cleanup(func() { replica.Close() })
+		extra = []string{"--redis-read-url", "redis://" + addr}
+	}
+	pods := startPods(b, bin, url, nPods, extra...)
 	tr := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 1024, IdleConnTimeout: time.Minute}
 	defer tr.CloseIdleConnections()
-	g := &loadGen{tb: b, pods: pods, bodies: bodies, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, rc: rc}
+	g := &loadGen{tb: b, pods: pods, bodies: bodies, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}, rc: rc, replica: replica}
 
 	floor := decodeFloor(b, bodies[0], 1000)
 	g.closed("warm-up", 8, 400, secs)
@@ -555,6 +579,13 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 
 	redisPer := ceil.redisCPU.Seconds() / float64(ceil.ok)
 	redisCeil := 1 / redisPer
+	if replica != nil {
+		// The shard is the pair: its ceiling is the busier one's.
+		replicaPer := ceil.replicaCPU.Seconds() / float64(ceil.ok)
+		redisCeil = 1 / max(redisPer, replicaPer)
+		b.Logf("read replica at the ceiling: %.1f µs CPU per decision (the primary %.1f)", replicaPer*1e6, redisPer*1e6)
+		b.ReportMetric(replicaPer*1e6, "replica-µs/dec")
+	}
 	podPer := ceil.podCPU / time.Duration(ceil.ok)
 	half := phases[3]
 	b.ReportMetric(ceil.rate(), "ceiling-dec/s")
