@@ -38,9 +38,13 @@ type warmFleet struct {
 
 func newWarmFleet(tb testing.TB) warmFleet {
 	tb.Helper()
+	// The binary is built before the clock starts: under `make test` the
+	// build shares two CPUs with every other package's tests and has taken
+	// most of a minute.
+	kvrouteBinary(tb)
+	redisURL := redistest.Server(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	redisURL := redistest.Server(tb)
 
 	rep, err := vllmtest.New(vllmtest.Config{Model: coldModel, BlockSize: coldBS})
 	if err != nil {

@@ -27,9 +27,10 @@ import (
 // indexed from its events, and the replica must report those tokens
 // cached.
 func TestLocalFleet(t *testing.T) {
+	kvrouteBinary(t) // built before the clock starts (see newWarmFleet)
+	redisURL := redistest.Server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	redisURL := redistest.Server(t)
 
 	var reps []map[string]any
 	for i := range 2 {
