@@ -55,7 +55,9 @@ import (
 // KVROUTE_LOAD_PODS (default 3) sets the number of pods, KVROUTE_LOAD_SECS
 // (default 4) the length of each phase, KVROUTE_BIN a prebuilt binary;
 // KVROUTE_LOAD_READS=replica gives the pods a replica of the server for
-// their lookups' reads (--redis-read-url), and (a) is then the pair's.
+// their lookups' reads (--redis-read-url), and (a) is then the pair's;
+// KVROUTE_LOAD_SKELETON=1 also runs the ceiling phase on skeleton pods
+// (skeleton_test.go) and reports their CPU per request beside kvroute's.
 //
 // KVROUTE_BIN_BEFORE names a second binary (an earlier commit's) to measure
 // in the same run, before this tree's: build=before and build=after.
@@ -135,6 +137,15 @@ type loadPod struct {
 // picked here, logs (one access line per request, as in production) to a
 // file, and waits until each answers /readyz.
 func startPods(tb testing.TB, bin, url string, n int, extra ...string) []*loadPod {
+	return startProcs(tb, n, func(addr string) *exec.Cmd {
+		return exec.Command(bin, append([]string{"serve", "--listen", addr, "--redis-url", url, "--log-format", "json"}, extra...)...)
+	})
+}
+
+// startProcs runs n processes, each made by mk for a loopback address
+// picked here, with stderr to a log file; it waits until each answers
+// /readyz and stops them (SIGTERM, then SIGKILL) when tb ends.
+func startProcs(tb testing.TB, n int, mk func(addr string) *exec.Cmd) []*loadPod {
 	var pods []*loadPod
 	dir := tb.TempDir()
 	for i := range n {
@@ -143,7 +154,7 @@ func startPods(tb testing.TB, bin, url string, n int, extra ...string) []*loadPo
 		if err != nil {
 			tb.Fatal(err)
 		}
-		cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--redis-url", url, "--log-format", "json"}, extra...)...)
+		cmd := mk(addr)
 		cmd.Stdout, cmd.Stderr = io.Discard, logf
 		if err := cmd.Start(); err != nil {
 			tb.Fatal(err)
@@ -558,6 +569,14 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 		phases = append(phases, g.open(fmt.Sprintf("%.0f%%", 100*f), f*ceil.rate(), secs, 1024))
 	}
 	getRPS, getCPU, _ := redisBenchmarkGet(b, url)
+	// The skeleton (skeleton_test.go): the same load on processes doing
+	// only the HTTP and Redis work, for what of (b) is the machine's.
+	var skel *phase
+	if os.Getenv("KVROUTE_LOAD_SKELETON") != "" {
+		sg := &loadGen{tb: b, pods: startSkeletons(b, url, nRep, nPods), bodies: bodies, client: g.client, rc: rc}
+		sg.closed("skeleton warm-up", 8, 400, secs)
+		skel = sg.closed("skeleton", 16*nPods, 1<<30, secs)
+	}
 
 	b.Logf("pods: %d kvroute serve processes; machine: %d CPUs; pod floor (decode+key): %.0f µs CPU", nPods, runtime.NumCPU(), us(floor))
 	b.Logf("redis-benchmark GET -c 50: %.0f req/s, Redis main thread %.2f µs CPU per GET", getRPS, us(getCPU))
@@ -597,6 +616,13 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 	b.ReportMetric(redisCeil/getRPS, "a:shard-ceiling/get")
 	b.ReportMetric(float64(podPer)/float64(floor), "b:pod-cpu/floor")
 	b.ReportMetric(float64(half.pct(0.99))/float64(unloaded.pct(0.5)), "c:p99@50%/unloaded-p50")
+	if skel != nil && skel.ok > 0 {
+		skelPer := skel.podCPU / time.Duration(skel.ok)
+		b.Logf("skeleton at its ceiling: %.0f req/s, %.0f µs pod CPU a request (kvroute %.0f µs, floor %.0f µs)", skel.rate(), us(skelPer), us(podPer), us(floor))
+		b.ReportMetric(us(skelPer), "skeleton-µs/req")
+		b.ReportMetric(float64(skelPer)/float64(floor), "skeleton/floor")
+		b.ReportMetric(float64(podPer)/float64(skelPer), "pod/skeleton")
+	}
 	for _, ph := range phases {
 		if ph.errs > 0 || ph.dropped > 0 {
 			b.Logf("phase %s: %d errors, %d dropped", ph.name, ph.errs, ph.dropped)
