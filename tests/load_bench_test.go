@@ -575,7 +575,14 @@ func runLoad(b *testing.B, bin string, nRep, nBlocks int) {
 	if os.Getenv("KVROUTE_LOAD_SKELETON") != "" {
 		sg := &loadGen{tb: b, pods: startSkeletons(b, url, nRep, nPods), bodies: bodies, client: g.client, rc: rc}
 		sg.closed("skeleton warm-up", 8, 400, secs)
+		skelIdle := sg.closed("skeleton unloaded", 1, 400, secs)
 		skel = sg.closed("skeleton", 16*nPods, 1<<30, secs)
+		skelHalf := sg.open("skeleton 50%", 0.5*skel.rate(), secs, 1024)
+		// (c) of the skeleton: the tail the machine itself adds at half
+		// its ceiling, with no kvroute code in the pods.
+		b.Logf("skeleton: unloaded p50 %.0f µs; at 50%% of its ceiling p50 %.0f µs, p99 %.0f µs (%d dropped)",
+			us(skelIdle.pct(0.5)), us(skelHalf.pct(0.5)), us(skelHalf.pct(0.99)), skelHalf.dropped)
+		b.ReportMetric(float64(skelHalf.pct(0.99))/float64(skelIdle.pct(0.5)), "skeleton-c")
 	}
 
 	b.Logf("pods: %d kvroute serve processes; machine: %d CPUs; pod floor (decode+key): %.0f µs CPU", nPods, runtime.NumCPU(), us(floor))
