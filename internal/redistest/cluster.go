@@ -123,11 +123,7 @@ func (c *RedisCluster) waitReplicas(tb testing.TB, primaries, replicas int, time
 	deadline := time.Now().Add(timeout)
 	for _, a := range c.Addrs()[primaries:] {
 		for {
-			rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			info, err := rc.Info(ctx, "replication").Result()
-			cancel()
-			_ = rc.Close()
+			info, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.Info(ctx, "replication") })
 			if err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up" {
 				break
 			}
@@ -156,11 +152,7 @@ func (c *RedisCluster) waitReplicas(tb testing.TB, primaries, replicas int, time
 // replicas replicas for every range.
 func (c *RedisCluster) slotsListReplicas(replicas int) (bool, error) {
 	for _, a := range c.Addrs() {
-		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		slots, err := rc.ClusterSlots(ctx).Result()
-		cancel()
-		_ = rc.Close()
+		slots, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.ClusterSlotsCmd { return rc.ClusterSlots(ctx) })
 		if err != nil {
 			return false, err
 		}
@@ -419,11 +411,7 @@ func (c *RedisCluster) WaitOK(tb testing.TB, timeout time.Duration) {
 	for {
 		ok := true
 		for _, a := range c.Addrs() {
-			rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			info, err := rc.ClusterInfo(ctx).Result()
-			cancel()
-			_ = rc.Close()
+			info, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.ClusterInfo(ctx) })
 			if err != nil {
 				ok, last = false, a+": "+err.Error()
 				break
@@ -456,11 +444,7 @@ func (c *RedisCluster) WaitOK(tb testing.TB, timeout time.Duration) {
 func (c *RedisCluster) slotViews() (bool, error) {
 	var first string
 	for _, a := range c.Addrs() {
-		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		slots, err := rc.ClusterSlots(ctx).Result()
-		cancel()
-		_ = rc.Close()
+		slots, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.ClusterSlotsCmd { return rc.ClusterSlots(ctx) })
 		if err != nil {
 			return false, fmt.Errorf("%s: cluster slots: %w", a, err)
 		}
@@ -508,4 +492,14 @@ func (c *RedisCluster) Primary(tb testing.TB, key string) int {
 	}
 	tb.Fatalf("redistest: no primary serves slot %d of %q", slot, key)
 	return -1
+}
+
+// onNode runs one command on the node at addr over a connection of its
+// own, bounded by a second, and returns its result.
+func onNode[T any, C interface{ Result() (T, error) }](addr string, cmd func(context.Context, *redis.Client) C) (T, error) {
+	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return cmd(ctx, rc).Result()
 }
