@@ -63,17 +63,20 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	}
 	args := []any{lease.RequestID, lease.Replica,
 		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
-		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10)}
+		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10), nil}
 	if within != nil {
 		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
 			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
 	}
-	v, err := s.evalBatched(ctx, lease.Model, scriptReserve, leaseKeys(lease.Model), args...).Slice()
+	v, err := s.evalBooking(ctx, lease.Model, scriptReserve, args, 6)
 	if err != nil {
 		return false, cur, wrap("reserve", err)
 	}
 	if len(v) < 1 {
 		return false, cur, fmt.Errorf("store: reserve: unexpected reply %v", v)
+	}
+	if asInt(v[0]) == statusLate {
+		return false, cur, fmt.Errorf("store: reserve: %w", errLate)
 	}
 	var booked1, scraped any
 	if len(v) > 1 {

@@ -41,15 +41,18 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 		}
 		return v
 	}
-	args := make([]any, 0, 9+3*len(choices))
+	args := make([]any, 0, 10+3*len(choices))
 	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
-		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps))
+		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil)
 	for _, c := range choices {
 		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit))
 	}
-	v, err := s.evalBatched(ctx, lease.Model, scriptReserveBest, leaseKeys(lease.Model), args...).Slice()
+	v, err := s.evalBooking(ctx, lease.Model, scriptReserveBest, args, 9)
 	if err != nil {
 		return -1, nil, wrap("reserve", err)
+	}
+	if len(v) >= 1 && asInt(v[0]) == statusLate {
+		return -1, nil, fmt.Errorf("store: reserve: %w", errLate)
 	}
 	if len(v) == 2 && asInt(v[0]) != 0 && asInt(v[1]) == 1 {
 		return 0, nil, nil // the caller's own pick, as it scored it

@@ -113,6 +113,8 @@ type Store struct {
 	// reads routes lookup reads to replicas (reads.go); its client is nil
 	// when they go to the primary.
 	reads replicaReads
+	// late limits when a booking may still be made (late.go).
+	late lateClock
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.

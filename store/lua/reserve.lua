@@ -3,13 +3,22 @@
 -- given bounds, if the load's counters are all within them (a load at
 -- which the caller's pick still wins).
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
--- ARGV = request id, replica, prefill, decode, expiry_ms, ifVersion
---        [, max prefill, max decode, max requests]
+-- ARGV = request id, replica, prefill, decode, expiry_ms, ifVersion,
+--        not_after_ms [, max prefill, max decode, max requests]
+-- not_after_ms (0: none) is the Redis time past which the booking is not
+-- made: its caller has given up on it (a server that was frozen runs what
+-- waited in its sockets when it resumes), and a load booked then would
+-- stand, unreleased, until its lease expired.
 -- Load field <replica> = "prefill,decode,requests,version"; lease bodies in
 -- kvr:{m}:lb (id -> "replica,prefill,decode,phase"), expiries in kvr:{m}:leases.
 -- Returns {status, booked load, scraped}: 1 booked, 0 version moved on (or
 -- the load is past the bounds), 2 the request already holds a lease (a
--- retry: nothing booked twice).
+-- retry: nothing booked twice); {3} too late, nothing read or booked.
+local late = tonumber(ARGV[7])
+if late > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3} end
+end
 local id, R = ARGV[1], ARGV[2]
 local pre, dec = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ifv = tonumber(ARGV[6])
@@ -21,8 +30,8 @@ if cur[1] then
   local a, b, c, e = string.match(cur[1], '^(%d+),(%d+),(%d+),(%d+)$')
   p, d, n, v = tonumber(a), tonumber(b), tonumber(c), tonumber(e)
 end
-if ARGV[9] then
-  if p > tonumber(ARGV[7]) or d > tonumber(ARGV[8]) or n > tonumber(ARGV[9]) then
+if ARGV[10] then
+  if p > tonumber(ARGV[8]) or d > tonumber(ARGV[9]) or n > tonumber(ARGV[10]) then
     return {0, cur[1], cur[2]}
   end
 elseif ifv >= 0 and ifv ~= v then

@@ -6,23 +6,31 @@
 -- unchanged loads it picks exactly what the router picked.
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
---        request blocks, active blocks, bound, eps,
+--        request blocks, active blocks, bound, eps, not_after_ms,
 --        then per choice: replica, prefill, credit
+-- not_after_ms (0: none) is the Redis time past which nothing is booked,
+-- as in reserve.lua: the caller has given up on the answer.
 -- Returns {status, index, then per choice its booked load and scraped
 -- (absent when the first choice was booked: the caller's own pick)}:
 -- status 1 booked the choice at index (1-based), 0 booked nothing (the
 -- cheapest is not under the bound), 2 the request already holds a lease
--- (index: its replica among the choices, 0 if none).
+-- (index: its replica among the choices, 0 if none); {3, 0} too late,
+-- nothing read or booked.
 local id, dec, exp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local scale, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local blocks, active = tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, eps = tonumber(ARGV[8]), tonumber(ARGV[9])
-local n = (#ARGV - 9) / 3
+local late = tonumber(ARGV[10])
+if late > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
+end
+local n = (#ARGV - 10) / 3
 -- Scraped requests count only with a request weight.
 local scraped = weight ~= 0
 local fields = {}
 for j = 1, n do
-  local R = ARGV[7 + 3 * j]
+  local R = ARGV[8 + 3 * j]
   if scraped then
     fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
   else
@@ -46,7 +54,7 @@ local body = redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
-    if ARGV[7 + 3 * j] == R then return reply(2, j) end
+    if ARGV[8 + 3 * j] == R then return reply(2, j) end
   end
   return reply(2, 0)
 end
@@ -63,7 +71,7 @@ for j = 1, n do
     local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
     if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
   end
-  local adj = (p + blocks) - tonumber(ARGV[9 + 3 * j])
+  local adj = (p + blocks) - tonumber(ARGV[10 + 3 * j])
   if adj < 0 then adj = 0 end
   local cost = scale * adj + (d + active) + weight * reqs
   local l = p + d
@@ -72,7 +80,7 @@ for j = 1, n do
   end
 end
 if not (bestCost < bound - eps) then return reply(0, 0) end
-local R, pre = ARGV[7 + 3 * best], tonumber(ARGV[8 + 3 * best])
+local R, pre = ARGV[8 + 3 * best], tonumber(ARGV[9 + 3 * best])
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
 redis.call('HSET', KEYS[1], R, value)
