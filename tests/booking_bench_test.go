@@ -87,7 +87,7 @@ func bookingForms(b *testing.B) {
 		return us(readRedisStats(b, rc).cpu-r0.cpu) / n
 	}
 	script1 := measure(func(p redis.Pipeliner, i int) {
-		args := []any{"s" + strconv.Itoa(i), "4", "1900000000000", "2", "0", "2048", "4", "1e300", "1e-09"}
+		args := []any{"s" + strconv.Itoa(i), "4", "1900000000000", "2", "0", "2048", "4", "1e300", "1e-09", "0"}
 		for c := range 4 {
 			args = append(args, fmt.Sprintf("r%03d", (i+c)%reps), "1024", "4096")
 		}
