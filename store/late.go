@@ -24,27 +24,32 @@ import (
 // That trusts the pod's clock and Redis's to agree within lateBooking, as
 // lease expiries already trust the pods' and the ingestors'. A booking
 // refused as late while its caller still waited says they do not: the
-// store says so once, books it again without the limit, and sends no
-// limit from then on.
+// store says so, books it again without the limit, and sends no limit for
+// lateOff (a clock stepped once, by NTP, is right again by then; one that
+// is wrong is said again each time).
 
 // lateBooking is how long after its caller's deadline a booking may still
 // be made: well over the clock error of hosts kept by NTP, and well under
 // the leases' lifetime.
 const lateBooking = time.Second
 
+// lateOff is how long bookings go without the limit after one was refused
+// as late while its caller waited.
+const lateOff = time.Minute
+
 // lateClock is the Store's state for late bookings.
 type lateClock struct {
-	// off is set once a booking was refused as late while its caller
-	// waited: this pod's clock and Redis's are apart.
-	off atomic.Bool
+	// offUntil (Unix ns, Store.now) ends the window in which bookings
+	// carry no limit: this pod's clock and Redis's were found apart.
+	offUntil atomic.Int64
 }
 
 // notAfter is the not_after_ms argument of a booking sent under ctx: its
 // deadline plus lateBooking in Unix ms, or "0" (no limit) when ctx has no
-// deadline or the limit was turned off.
+// deadline or the limit is off.
 func (s *Store) notAfter(ctx context.Context) string {
 	d, ok := ctx.Deadline()
-	if !ok || s.late.off.Load() {
+	if !ok || s.now().UnixNano() < s.late.offUntil.Load() {
 		return "0"
 	}
 	return strconv.FormatInt(d.Add(lateBooking).UnixMilli(), 10)
@@ -67,9 +72,10 @@ func (s *Store) evalBooking(ctx context.Context, model string, sc *redis.Script,
 	if err != nil || len(v) < 1 || asInt(v[0]) != statusLate || ctx.Err() != nil {
 		return v, err
 	}
-	if s.late.off.CompareAndSwap(false, true) {
-		s.log.Error("a booking reached Redis after its deadline while its caller still waited: this host's clock and Redis's disagree by more than the limit; bookings are sent without it from now on",
-			"limit", lateBooking, "model", model)
+	now := s.now().UnixNano()
+	if prev := s.late.offUntil.Load(); prev <= now && s.late.offUntil.CompareAndSwap(prev, now+int64(lateOff)) {
+		s.log.Error("a booking reached Redis after its deadline while its caller still waited: this host's clock and Redis's disagree by more than the limit; bookings go without it for a while",
+			"limit", lateBooking, "for", lateOff, "model", model)
 	}
 	args[lateArg] = "0"
 	return s.evalBatched(ctx, model, sc, leaseKeys(model), args...).Slice()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,8 +29,8 @@ return 1
 `
 
 // TestLateBooking: bookings made in time are made; a booking whose caller
-// gave up, and which the server runs only afterwards (stalled past the
-// deadline plus the one-second limit), is not: no lease, no load.
+// gave up, and which the server runs only afterwards (stalled 3 s, past
+// the deadline plus the one-second limit), is not: no lease, no load.
 func TestLateBooking(t *testing.T) {
 	forBackends(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
@@ -62,8 +63,10 @@ func TestLateBooking(t *testing.T) {
 		})
 		t.Run("stalled past the limit", func(t *testing.T) {
 			stalled := make(chan error, 1)
-			go func() { stalled <- e.rc.Eval(ctx, stallScript, nil, 1600).Err() }()
-			time.Sleep(100 * time.Millisecond) // the stall has begun
+			go func() { stalled <- e.rc.Eval(ctx, stallScript, nil, 3000).Err() }()
+			// The stall begins well within this, and outlasts the bookings'
+			// deadline plus the limit by over a second after it.
+			time.Sleep(400 * time.Millisecond)
 			r, b := book(100*time.Millisecond, "late", "c", "d")
 			for name, err := range map[string]error{"Reserve": r, "ReserveBest": b} {
 				if !errors.Is(err, kvroute.ErrUnavailable) {
@@ -88,30 +91,67 @@ func TestLateBooking(t *testing.T) {
 }
 
 // TestLateBookingClockApart: a server whose clock is an hour ahead refuses
-// every limited booking as late although its caller waits; the store says
-// so once and books without the limit from then on.
+// a limited booking as late although its caller waits; the store says so,
+// books it again without the limit, sends none for a minute (no booking
+// refused), and then tries the limit again.
 func TestLateBookingClockApart(t *testing.T) {
-	m := miniredis.RunT(t)
-	m.SetTime(time.Now().Add(time.Hour))
-	var logs bytes.Buffer
-	s, err := store.Open(context.Background(), "redis://"+m.Addr(), store.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	exp := time.Now().Add(time.Minute)
-	for i, id := range []string{"one", "two", "three"} {
-		booked, _, err := s.Reserve(ctx, lease(id, "a", 1, 1, exp), -1)
-		if err != nil || !booked {
-			t.Fatalf("booking %d = %v, %v; want booked", i, booked, err)
-		}
-	}
-	if _, _, err := s.ReserveBest(ctx, lease("four", "", 0, 1, exp), []kvroute.Choice{{Replica: "a", PrefillBlocks: 1}}, kvCost(1, 1)); err != nil {
-		t.Fatalf("ReserveBest = %v, want booked", err)
-	}
-	if got := strings.Count(logs.String(), "clock"); got != 1 {
-		t.Errorf("the clocks' disagreement was logged %d times, want once:\n%s", got, logs.String())
+	exp := time.Now().Add(time.Hour)
+	for _, first := range []string{"Reserve", "ReserveBest"} {
+		t.Run("first by "+first, func(t *testing.T) {
+			m := miniredis.RunT(t)
+			m.SetTime(time.Now().Add(time.Hour))
+			var logs bytes.Buffer
+			clk := &clock{t: time.Now()}
+			s, err := store.Open(context.Background(), "redis://"+m.Addr(), store.Options{Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			n := 0
+			// book books through via under ctx and returns how many commands
+			// miniredis ran for it (those a script calls included).
+			book := func(ctx context.Context, via string) int {
+				t.Helper()
+				n++
+				id := first + strconv.Itoa(n)
+				before := m.CommandCount()
+				if via == "Reserve" {
+					if booked, _, err := s.Reserve(ctx, lease(id, "a", 1, 1, exp), -1); err != nil || !booked {
+						t.Fatalf("Reserve %s = %v, %v; want booked", id, booked, err)
+					}
+				} else if j, _, err := s.ReserveBest(ctx, lease(id, "", 0, 1, exp), []kvroute.Choice{{Replica: "a", PrefillBlocks: 1}}, kvCost(1, 1)); err != nil || j != 0 {
+					t.Fatalf("ReserveBest %s = %d, %v; want the first choice booked", id, j, err)
+				}
+				return m.CommandCount() - before
+			}
+			other := map[string]string{"Reserve": "ReserveBest", "ReserveBest": "Reserve"}[first]
+			// Without a deadline a booking carries no limit: how many
+			// commands a booking made at once takes (both scripts loaded).
+			made := map[string]int{}
+			for _, via := range []string{first, other, first, other} {
+				made[via] = book(context.Background(), via)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			// A refused booking is its EVALSHA and one TIME more.
+			if got, want := book(ctx, first), made[first]+2; got != want {
+				t.Errorf("the first limited %s took %d commands, want %d (refused, then made without the limit)", first, got, want)
+			}
+			if got := strings.Count(logs.String(), "clock"); got != 1 {
+				t.Fatalf("the clocks' disagreement was logged %d times, want once:\n%s", got, logs.String())
+			}
+			for _, via := range []string{first, other, first} {
+				if got, want := book(ctx, via), made[via]; got != want {
+					t.Errorf("%s within the minute took %d commands, want %d (no limit, no refusal)", via, got, want)
+				}
+			}
+			clk.Add(2 * time.Minute)
+			if got, want := book(ctx, first), made[first]+2; got != want {
+				t.Errorf("%s after the minute took %d commands, want %d (refused with the limit, then made without)", first, got, want)
+			}
+			if got := strings.Count(logs.String(), "clock"); got != 2 {
+				t.Errorf("the clocks' disagreement was logged %d times in all, want twice:\n%s", got, logs.String())
+			}
+		})
 	}
 }
