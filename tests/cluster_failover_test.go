@@ -128,6 +128,10 @@ func clusterFailover(t *testing.T, onReplicas bool) {
 	})
 
 	t.Run("primary killed, replica promoted", func(t *testing.T) {
+		// The replica restarted above may be serving lookups before it
+		// has synced (they fall back to the primary): the cluster
+		// promotes only a synced one.
+		c.WaitSynced(t, replica, 30*time.Second)
 		c.Stop(t, primary, syscall.SIGKILL)
 		var promoted, recovered time.Time
 		s := decide(40*time.Second, func(d router.Decision) bool {

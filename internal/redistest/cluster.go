@@ -121,17 +121,8 @@ func cluster(tb testing.TB, primaries, replicas int) *RedisCluster {
 func (c *RedisCluster) waitReplicas(tb testing.TB, primaries, replicas int, timeout time.Duration) {
 	tb.Helper()
 	deadline := time.Now().Add(timeout)
-	for _, a := range c.Addrs()[primaries:] {
-		for {
-			info, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.Info(ctx, "replication") })
-			if err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up" {
-				break
-			}
-			if time.Now().After(deadline) {
-				tb.Fatalf("redistest: cluster node %s is not a synced replica after %v (%v): %s", a, timeout, err, info)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	for i := primaries; i < len(c.Addrs()); i++ {
+		c.WaitSynced(tb, i, time.Until(deadline))
 	}
 	// CLUSTER SLOTS leaves out a replica until its primary has heard of
 	// a replication offset from it (the once-a-second replication ping),
@@ -143,6 +134,26 @@ func (c *RedisCluster) waitReplicas(tb testing.TB, primaries, replicas int, time
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("redistest: CLUSTER SLOTS does not list every replica after %v: %v", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WaitSynced waits until node i is a replica whose link to its primary is
+// up (it has loaded the primary's data set): a replica restarted and not
+// yet synced answers with an empty data set, and the cluster does not
+// promote it when its primary fails.
+func (c *RedisCluster) WaitSynced(tb testing.TB, i int, timeout time.Duration) {
+	tb.Helper()
+	a := c.Addrs()[i]
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.Info(ctx, "replication") })
+		if err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up" {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: cluster node %s is not a synced replica after %v (%v): %s", a, timeout, err, info)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
