@@ -166,7 +166,11 @@ func TestReadReplicas(t *testing.T) {
 		}
 		keys := readFixture(t, s, mdl)
 		p := c.Addrs()[c.Primary(t, "kvr:{m:"+mdl+"}:load")]
-		check(t, s, mdl, keys, p, replicasOf(t, c, p)...)
+		var reps []string
+		for _, i := range c.ReplicasOf(t, p) {
+			reps = append(reps, c.Addrs()[i])
+		}
+		check(t, s, mdl, keys, p, reps...)
 	})
 }
 
@@ -175,28 +179,6 @@ func sum(v []int64) (n int64) {
 		n += x
 	}
 	return n
-}
-
-// replicasOf is the addresses of the cluster nodes replicating primary.
-func replicasOf(t *testing.T, c *redistest.RedisCluster, primary string) []string {
-	t.Helper()
-	var out []string
-	host, port, _ := net.SplitHostPort(primary)
-	for _, a := range c.Addrs() {
-		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		info, err := rc.Info(context.Background(), "replication").Result()
-		rc.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(info, "master_host:"+host+"\r\nmaster_port:"+port+"\r\n") {
-			out = append(out, a)
-		}
-	}
-	if len(out) == 0 {
-		t.Fatalf("no node replicates %s", primary)
-	}
-	return out
 }
 
 // TestReadReplicaFails: a replica that cannot be reached, that accepts

@@ -3,8 +3,6 @@ package tests_test
 import (
 	"context"
 	"math/rand/v2"
-	"net"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -46,7 +44,7 @@ func clusterFailover(t *testing.T, onReplicas bool) {
 	const m = "replica-model"
 	p := heldPrompt(t, ctx, st, rt, m, rand.New(rand.NewPCG(21, 21)))
 	primary := c.Primary(t, "kvr:{m:"+m+"}:load")
-	replica := replicaIndex(t, c, c.Addrs()[primary])
+	replica := c.ReplicasOf(t, c.Addrs()[primary])[0]
 	aware := func(d router.Decision) bool { return !d.Degraded && d.Replica.ID == m+"-r0" && d.Matched == 8 }
 
 	// decide runs decisions for d, or until stop says so, and reports how
@@ -161,25 +159,6 @@ func clusterFailover(t *testing.T, onReplicas bool) {
 	})
 	served, failed := st.ReplicaReads()
 	t.Logf("read client: %d lookups answered (%d before the faults), %d replica reads failed over", served, served0, failed)
-}
-
-// replicaIndex is the index (into Addrs) of the node replicating primary.
-func replicaIndex(t *testing.T, c *redistest.RedisCluster, primary string) int {
-	t.Helper()
-	host, port, _ := net.SplitHostPort(primary)
-	for i, a := range c.Addrs() {
-		rc := redis.NewClient(&redis.Options{Addr: a, MaxRetries: -1})
-		info, err := rc.Info(context.Background(), "replication").Result()
-		rc.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(info, "master_host:"+host+"\r\nmaster_port:"+port+"\r\n") {
-			return i
-		}
-	}
-	t.Fatalf("no node replicates %s", primary)
-	return -1
 }
 
 // isPrimary reports whether the node at addr says it is a primary.

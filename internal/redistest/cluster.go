@@ -159,6 +159,27 @@ func (c *RedisCluster) WaitSynced(tb testing.TB, i int, timeout time.Duration) {
 	}
 }
 
+// ReplicasOf is the indexes (into Addrs) of the nodes replicating the
+// primary at addr; it fails tb when there is none.
+func (c *RedisCluster) ReplicasOf(tb testing.TB, addr string) []int {
+	tb.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	var out []int
+	for i, a := range c.Addrs() {
+		info, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.Info(ctx, "replication") })
+		if err != nil {
+			tb.Fatalf("redistest: %s: info replication: %v", a, err)
+		}
+		if strings.Contains(info, "master_host:"+host+"\r\nmaster_port:"+port+"\r\n") {
+			out = append(out, i)
+		}
+	}
+	if len(out) == 0 {
+		tb.Fatalf("redistest: no node replicates %s", addr)
+	}
+	return out
+}
+
 // slotsListReplicas reports whether every node's CLUSTER SLOTS lists
 // replicas replicas for every range.
 func (c *RedisCluster) slotsListReplicas(replicas int) (bool, error) {
