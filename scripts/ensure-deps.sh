@@ -3,12 +3,17 @@
 # first `make test` passes: redis-server from Debian's packages (and, best
 # effort, podman and runc for the image test).
 set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+updated=""
+# apt_install installs Debian packages, updating the package lists once.
+apt_install() {
+  if [ -z "$updated" ]; then $SUDO apt-get update -qq && updated=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
+}
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "ensure-deps: redis-server missing; installing it from Debian's packages"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
   # The package starts a system service on 6379; the tests start their own.
   $SUDO systemctl stop redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
 fi
@@ -20,10 +25,7 @@ echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"
 # them that one test skips and says why.
 if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1; then
   echo "ensure-deps: installing podman and runc from Debian's packages (for the image test)"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq podman runc >/dev/null; } ||
-    echo "ensure-deps: podman and runc could not be installed; TestImage will skip"
+  apt_install podman runc || echo "ensure-deps: podman and runc could not be installed; TestImage will skip"
 fi
 if command -v podman >/dev/null 2>&1; then
   echo "ensure-deps: $(podman --version)"

@@ -93,7 +93,7 @@ func runSkeleton(addr, redisURL string, nRep int) error {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
-		cmds, err := rc.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_, err = rc.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.HMGet(ctx, index, probe...)
 			p.HGetAll(ctx, loads)
 			return nil
@@ -102,7 +102,6 @@ func runSkeleton(addr, redisURL string, nRep int) error {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		_ = cmds
 		n := seq.Add(1)
 		id := fmt.Sprintf("skel-%d", n)
 		pick := fmt.Sprintf("r%03d", n%uint64(nRep))

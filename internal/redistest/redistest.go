@@ -88,3 +88,20 @@ func Miniredis(tb testing.TB) string {
 	m := miniredis.RunT(tb)
 	return "redis://" + m.Addr()
 }
+
+// WaitExists waits until the server at addr holds key: a replica has
+// received what its primary was written, before a test promotes it or
+// reads from it.
+func WaitExists(tb testing.TB, addr, key string, within time.Duration) {
+	tb.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		if n, _ := rc.Exists(context.Background(), key).Result(); n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redistest: %s never held %s", addr, key)
+		}
+	}
+}
