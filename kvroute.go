@@ -1,9 +1,16 @@
 // Package kvroute holds the domain of a KV-cache-aware request router: the
 // replicas it routes to, the block keys it indexes, the overlap and load it
-// scores on, and the decisions it makes. Subpackages wrap one dependency each
-// (store: Redis, ingestor: ZeroMQ, api: HTTP, tokenizer: tokenizer files) or
-// one pure concern (scoring, sim); this package depends on none of them so
-// that every other package can share these types without import cycles.
+// scores on, and the decisions it makes. Every type two packages share lives
+// here, and this package depends on none of them, so that each can use these
+// types without import cycles.
+//
+// Subpackages wrap one dependency each (store: Redis, ingestor: ZeroMQ, api:
+// HTTP, tokenizer: tokenizer files) or one concern (scoring: the cost and
+// policies; router: the decision flow, whose router.Decide is the one
+// decision core the service and the simulator share; prompt: the front door
+// from a request to token ids; sim: trace replay; vllmtest: a simulated vLLM
+// replica for demos and tests). cmd/kvroute parses flags and internal/app
+// wires the processes.
 package kvroute
 
 import (

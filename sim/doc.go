@@ -1,6 +1,6 @@
 // Package sim replays request traces against a discrete-event model of a
-// fleet of vLLM-class engines, routing every request through scoring.Pick,
-// so that operators can compare policies (hit rate and load balance as a
+// fleet of vLLM-class engines, deciding every request through the service's
+// own decision core (router.Decide, fed by RouterView), so that operators can compare policies (hit rate and load balance as a
 // pair) and tune the kv weights on their own traffic before deploying.
 //
 // The engine model, per replica:
@@ -35,8 +35,9 @@
 // view booked like router/'s leases: at decision, prefill = prompt blocks
 // minus believed matched blocks and decode = output blocks (DecodeBooking
 // "active": prompt plus output blocks, for comparison) and one request; prefill is
-// released at first token, the rest at completion. Every decision builds
-// []scoring.Candidate and calls scoring.Pick with a seeded *rand.Rand.
+// released at first token, the rest at completion. Every decision calls
+// router.Decide over that view with a seeded *rand.Rand, as the service does
+// over Redis (tests/equivalence_test.go holds the two to the same picks).
 //
 // Everything is event driven (container/heap, ties in insertion order) and
 // seeded, so a run is a pure function of its inputs: the same Config,

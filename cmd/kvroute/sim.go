@@ -49,7 +49,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		limit     = fs.Int("limit", 0, "replay only the first N trace requests")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
-		svgPath   = fs.String("svg", "sim.svg", "write the chart to `file` (empty: none)")
+		svgPath   = fs.String("svg", "", "write the chart (hit rate against TTFT p99, load per replica over time) to `file`; none unless given")
 		sweep     = fs.Bool("sweep", false, "sweep kv weights and report the best by --objective")
 		objective = fs.String("objective", "ttft_p99", "sweep objective: ttft_p99, ttft_p50, e2e_p99, makespan")
 		top       = fs.Int("top", 10, "sweep rows to print")
