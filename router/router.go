@@ -53,6 +53,17 @@ type Index interface {
 	Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
+// RequestIDMinter is an index that mints its own request ids (*store.Store
+// is one, checked in internal/app): its ids carry their model, so that
+// Advance and Release find the lease in the model's Redis slot. The router
+// finds it by type assertion on the Index (Options.NewID); the named
+// interface and its compile-time check keep a renamed method from silently
+// falling back to random ids.
+type RequestIDMinter interface {
+	// NewRequestID mints the id of a decision on model.
+	NewRequestID(model string) string
+}
+
 // Registry lists the fleet.
 type Registry interface {
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
@@ -227,7 +238,7 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	}
 	if opt.NewID == nil {
 		opt.NewID = func(string) string { return randomID() }
-		if m, ok := idx.(interface{ NewRequestID(model string) string }); ok {
+		if m, ok := idx.(RequestIDMinter); ok {
 			opt.NewID = m.NewRequestID
 		}
 	}
