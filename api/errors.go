@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/router"
 )
 
 // Error codes are part of the API: clients switch on them, so they never
@@ -67,6 +68,8 @@ func statusOf(err error) (int, ErrorDetail) {
 	var (
 		status int
 		fe     *kvroute.FieldError
+		re     *router.RequestError
+		mnf    *router.ModelNotFoundError
 		mbe    *http.MaxBytesError
 	)
 	switch {
@@ -75,6 +78,11 @@ func statusOf(err error) (int, ErrorDetail) {
 		d.Message = "request body is larger than the limit"
 	case errors.As(err, &fe):
 		status, d.Code, d.Field = http.StatusBadRequest, CodeInvalidInput, fe.Field
+	case errors.As(err, &re):
+		status, d.Code, d.Field = http.StatusBadRequest, CodeInvalidInput, re.Field
+	case errors.As(err, &mnf):
+		// An unknown model is not the same mistake as an unknown id.
+		status, d.Code = http.StatusNotFound, CodeModelNotFound
 	case errors.Is(err, kvroute.ErrInvalidInput):
 		status, d.Code = http.StatusBadRequest, CodeInvalidInput
 	case errors.Is(err, kvroute.ErrNotFound):

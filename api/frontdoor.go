@@ -70,12 +70,13 @@ type keyed struct {
 	prompt prompt.Result
 }
 
-// decideKeyed resolves the prompt, then decides on its tokens. A prompt
+// decide resolves the prompt, then decides on its tokens and records the
+// decision's metrics. A prompt
 // that cannot be tokenized is still routed (on load alone) and the
 // decision says why it was cache-blind. The whole is the kvroute.decision
 // span, the resolution its kvroute.tokenize child, the router's steps the
 // others.
-func (s *Server) decideKeyed(ctx context.Context, in prompt.Input, req router.Request) (k keyed, err error) {
+func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request) (k keyed, err error) {
 	ctx, span := s.startDecision(ctx, req.Model, "")
 	defer func() { endDecision(span, k, err) }()
 	tctx, tspan := s.tracer.Start(ctx, "kvroute.tokenize")

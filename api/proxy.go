@@ -138,8 +138,8 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if oa.Model == "" {
-		s.writeError(w, r, &kvroute.FieldError{Field: "model", Msg: "is required"})
+	if err := (router.Request{Model: oa.Model}).Check(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	chat := r.URL.Path == "/v1/chat/completions"

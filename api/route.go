@@ -234,8 +234,9 @@ func queryBool(r *http.Request, name string) (bool, error) {
 // the body is more specific.
 func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Request, prompt.Input, error) {
 	var in prompt.Input
-	if b.Model == "" {
-		return router.Request{}, in, &kvroute.FieldError{Field: "model", Msg: "is required"}
+	req := router.Request{Model: b.Model, Policy: scoring.Policy(b.Policy)}
+	if err := req.Check(); err != nil {
+		return router.Request{}, in, err
 	}
 	forms := 0
 	for _, given := range []bool{b.TokenIDs != nil, b.Prompt != nil, present(b.Messages)} {
@@ -265,7 +266,7 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 	if err := checkKeyStrings("session_id", b.SessionID, "cache_salt", b.CacheSalt, "lora", b.LoRA); err != nil {
 		return router.Request{}, in, err
 	}
-	req := router.Request{Model: b.Model, SessionID: b.SessionID, CacheSalt: b.CacheSalt, LoRA: b.LoRA}
+	req.SessionID, req.CacheSalt, req.LoRA = b.SessionID, b.CacheSalt, b.LoRA
 	if req.SessionID == "" {
 		req.SessionID = sessionHeader
 	}
@@ -274,13 +275,6 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 			return router.Request{}, in, err
 		}
 		req.MaxTokens = *b.MaxTokens
-	}
-	if b.Policy != "" {
-		p, err := scoring.ParsePolicy(b.Policy)
-		if err != nil {
-			return router.Request{}, in, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
-		}
-		req.Policy = p
 	}
 	return req, in, nil
 }
@@ -296,17 +290,6 @@ func (s *Server) checkOutputTokens(field string, n int) error {
 		return &kvroute.FieldError{Field: field, Msg: fmt.Sprintf("is %d, more than the limit of %d", n, s.cfg.MaxOutputTokens)}
 	}
 	return nil
-}
-
-// decide tokenizes the prompt, asks the router and records the decision's
-// metrics. An unknown model gets its own error code: to a client it is a
-// different mistake from an unknown replica id.
-func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request) (keyed, error) {
-	k, err := s.decideKeyed(ctx, in, req)
-	if errors.Is(err, kvroute.ErrNotFound) {
-		err = withCode(CodeModelNotFound, err)
-	}
-	return k, err
 }
 
 // setDecisionHeaders puts the decision where redirected and proxied
