@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
@@ -78,14 +79,14 @@ func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error)
 		in.PromptEmbeds = true
 		return in, false, nil
 	}
-	raw := trimSpace(o.Prompt)
+	raw := strictjson.TrimSpace(o.Prompt)
 	if len(raw) == 0 || string(raw) == "null" {
 		return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is required"}
 	}
 	batch := false
 	// A batch of prompts goes to one replica; its first prompt decides.
 	if raw[0] == '[' {
-		if inner := trimSpace(raw[1:]); len(inner) > 0 && (inner[0] == '[' || inner[0] == '"') {
+		if inner := strictjson.TrimSpace(raw[1:]); len(inner) > 0 && (inner[0] == '[' || inner[0] == '"') {
 			var list []json.RawMessage
 			if err := json.Unmarshal(raw, &list); err != nil {
 				return in, false, jsonError(err)
@@ -93,7 +94,7 @@ func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error)
 			if len(list) == 0 {
 				return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is an empty list"}
 			}
-			raw, batch = trimSpace(list[0]), len(list) > 1
+			raw, batch = strictjson.TrimSpace(list[0]), len(list) > 1
 		}
 	}
 	if len(raw) > 0 && raw[0] == '"' {
@@ -149,7 +150,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Checked before deciding, so that a bad body books nothing.
-	if b := trimSpace(oa.StreamOptions); present(oa.StreamOptions) && b[0] != '{' {
+	if b := strictjson.TrimSpace(oa.StreamOptions); present(oa.StreamOptions) && b[0] != '{' {
 		s.writeError(w, r, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"})
 		return
 	}
@@ -271,7 +272,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 // openAIFields are the top-level fields the proxy reads; their case
 // variants are refused (encoding/json would take "MODEL" for model, and
 // the replica would not).
-var openAIFields = jsonFields(reflect.TypeFor[openAIRequest]())
+var openAIFields = strictjson.Fields(reflect.TypeFor[openAIRequest]())
 
 // replicaTarget is the base URL proxied requests to rep go to.
 func replicaTarget(rep kvroute.Replica) (*url.URL, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -135,10 +136,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	var body RouteRequest
 	defer func() {
 		// Client-given ids are read by nothing after the answer: the body
-		// and the ids go back to their pools (pool.go).
+		// and the ids go back to their pools (strictjson.Pool).
 		if body.Prompt == nil && !present(body.Messages) {
-			bodyBufs.put(raw)
-			idBufs.put(body.TokenIDs)
+			bodyBufs.Put(raw)
+			strictjson.IDs.Put(body.TokenIDs)
 		}
 	}()
 	if err := decodeBody(raw, &body); err != nil {
