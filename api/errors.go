@@ -45,8 +45,8 @@ type ErrorDetail struct {
 }
 
 // codedError overrides the code statusOf would derive from err, for the few
-// cases where the same sentinel means different things to a client (an
-// unknown model is not the same as an unknown replica).
+// cases where the same sentinel means different things to a client (a
+// malformed body is not the same as a bad field).
 type codedError struct {
 	code string
 	err  error
@@ -62,7 +62,8 @@ var errUpstream = errors.New("upstream replica failed")
 
 // statusOf is the one place errors become HTTP statuses. Handlers never pick
 // a status for a failure themselves; they return or wrap a sentinel from the
-// kvroute package and let this function decide.
+// kvroute package or one of the router's typed errors (a request it
+// refuses, a model it does not know) and let this function decide.
 func statusOf(err error) (int, ErrorDetail) {
 	d := ErrorDetail{Message: err.Error()}
 	var (
