@@ -241,9 +241,9 @@ type Options struct {
 	// fall back to that copy).
 	OnStoreReset func(ctx context.Context, known []kvroute.Replica)
 	// NewID mints the request id of a decision on model; nil means the
-	// index's NewRequestID when it has one (the store's ids carry their
-	// model, so that Advance and Release find its lease in its model's
-	// Redis slot), else random 128-bit hex.
+	// index's NewRequestID when it is a RequestIDMinter (the store's ids
+	// carry their model, so that Advance and Release find its lease in its
+	// model's Redis slot), else random 128-bit hex.
 	NewID func(model string) string
 	// TracerProvider makes the decision steps' spans (trace.go); nil
 	// means the global provider, a no-op unless the program sets one.
