@@ -21,9 +21,9 @@ import (
 
 // proxyRequest is one proxied request, from its decision to the end of
 // the replica's answer. Its methods are the reverse proxy's hooks
-// (rewrite, RoundTrip, modifyResponse, handleError in proxy.go), so that
-// what one hook changes and another reads are fields of one value rather
-// than variables shared by closures.
+// (RoundTrip here; rewrite, modifyResponse and handleError in proxy.go),
+// so that what one hook changes and another reads are fields of one value
+// rather than variables shared by closures.
 //
 // It is the reverse proxy's transport: when the replica fails before any
 // response byte (refused, reset, closed before headers) and the decision
