@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 )
 
 // readBody reads the whole body, at most MaxBodyBytes of it. The proxy needs
@@ -30,7 +31,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	// correctly either way. The extra MinRead bytes let ReadFrom see the
 	// end of the body without growing the buffer.
 	if n := r.ContentLength; n > 0 && n <= s.cfg.MaxBodyBytes {
-		buf := bytes.NewBuffer(bodyBufs.get(int(n) + bytes.MinRead))
+		buf := bytes.NewBuffer(bodyBufs.Get(int(n) + bytes.MinRead))
 		if _, err := buf.ReadFrom(body); err != nil {
 			return nil, err
 		}
@@ -51,45 +52,49 @@ func (s *Server) decodeStrict(w http.ResponseWriter, r *http.Request, v any) err
 	return decodeBody(body, v)
 }
 
+// bodyBufs recycles the buffers bodies are read into (readBody); the
+// /v1/route handler gives one back with its ids (strictjson.IDs).
+var bodyBufs strictjson.Pool[byte]
+
 // takingBody is a body type whose large top-level fields decodeBody takes
 // in its strict scan instead of handing them to encoding/json (see
-// splice.go): it names them, and receives what was taken.
+// strictjson.Take): it names them, and receives what was taken.
 type takingBody interface {
-	takeFields() *takeFields
-	setTaken(body []byte, t taken)
+	takeFields() *strictjson.Take
+	setTaken(body []byte, t strictjson.Taken)
 }
 
-var routeTake = &takeFields{tokens: tokenField, raw: []string{"messages", "tools", "documents", "chat_template_kwargs"}}
+var routeTake = &strictjson.Take{Tokens: tokenField, Raw: []string{"messages", "tools", "documents", "chat_template_kwargs"}}
 
-func (b *RouteRequest) takeFields() *takeFields { return routeTake }
+func (b *RouteRequest) takeFields() *strictjson.Take { return routeTake }
 
-func (b *RouteRequest) setTaken(body []byte, t taken) {
-	for _, sp := range t.spans {
-		raw := json.RawMessage(body[sp.start:sp.end])
-		if sp.field == tokenField {
-			b.TokenIDs = t.ids
+func (b *RouteRequest) setTaken(body []byte, t strictjson.Taken) {
+	for _, sp := range t.Spans {
+		raw := json.RawMessage(body[sp.Start:sp.End])
+		if sp.Field == tokenField {
+			b.TokenIDs = t.IDs
 		} else {
-			b.chatFields.set(sp.field, raw)
+			b.chatFields.set(sp.Field, raw)
 		}
 	}
 }
 
-var proxyTake = &takeFields{tokens: tokenField, raw: []string{"prompt", "prompt_embeds", "messages", "tools", "documents", "chat_template_kwargs"}}
+var proxyTake = &strictjson.Take{Tokens: tokenField, Raw: []string{"prompt", "prompt_embeds", "messages", "tools", "documents", "chat_template_kwargs"}}
 
-func (o *openAIRequest) takeFields() *takeFields { return proxyTake }
+func (o *openAIRequest) takeFields() *strictjson.Take { return proxyTake }
 
-func (o *openAIRequest) setTaken(body []byte, t taken) {
-	for _, sp := range t.spans {
-		raw := json.RawMessage(body[sp.start:sp.end])
-		switch sp.field {
+func (o *openAIRequest) setTaken(body []byte, t strictjson.Taken) {
+	for _, sp := range t.Spans {
+		raw := json.RawMessage(body[sp.Start:sp.End])
+		switch sp.Field {
 		case tokenField:
-			o.TokenIDs = t.ids
+			o.TokenIDs = t.IDs
 		case "prompt":
 			o.Prompt = raw
 		case "prompt_embeds":
 			o.PromptEmbeds = raw
 		default:
-			o.chatFields.set(sp.field, raw)
+			o.chatFields.set(sp.Field, raw)
 		}
 	}
 }
@@ -119,26 +124,26 @@ func DecodeRouteRequest(body []byte) (RouteRequest, error) {
 
 // decodeBody is decodeStrict's work on a body already read.
 func decodeBody(body []byte, v any) error {
-	return decodeWith(body, v, jsonFields(reflect.TypeOf(v).Elem()), true, decodeJSON)
+	return decodeWith(body, v, strictjson.Fields(reflect.TypeOf(v).Elem()), true, decodeJSON)
 }
 
-// decodeWith checks body as checkBody does (known and exact as there) and
+// decodeWith checks body as strictjson.Check does (known and exact as there) and
 // decodes it into v with decode, taking v's large fields in the scan when
 // v is a takingBody.
 func decodeWith(body []byte, v any, known map[string]bool, exact bool, decode func([]byte, any) error) error {
 	tb, _ := v.(takingBody)
-	var take *takeFields
+	var take *strictjson.Take
 	if tb != nil {
 		take = tb.takeFields()
 	}
-	t, err := scanBody(body, known, exact, take)
+	t, err := strictjson.Scan(body, known, exact, take)
 	if err != nil {
 		return err
 	}
-	if len(t.spans) == 0 {
+	if len(t.Spans) == 0 {
 		return decode(body, v)
 	}
-	if err := decode(t.without(body), v); err != nil {
+	if err := decode(t.Without(body), v); err != nil {
 		// Reported against the body as sent (an offset into what the
 		// decoder was given would point elsewhere).
 		return decode(body, v)
@@ -248,7 +253,7 @@ type tokenIDs []uint32
 const tokenField = "token_ids"
 
 func (t *tokenIDs) UnmarshalJSON(b []byte) error {
-	b = trimSpace(b)
+	b = strictjson.TrimSpace(b)
 	if string(b) == "null" {
 		*t = nil
 		return nil
@@ -256,7 +261,7 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 	if len(b) < 2 || b[0] != '[' {
 		return &kvroute.FieldError{Field: tokenField, Msg: "must be an array of token ids"}
 	}
-	b = trimSpace(b[1 : len(b)-1])
+	b = strictjson.TrimSpace(b[1 : len(b)-1])
 	// Exactly one id per comma and one more (bytes.Count is vectorized):
 	// a guess from the length over-allocates most prompts by half.
 	out := make([]uint32, 0, bytes.Count(b, []byte{','})+1)
@@ -278,7 +283,7 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 		out = append(out, uint32(v))
 		b = b[j:]
 		if len(b) > 0 && b[0] != ',' {
-			b = trimSpace(b)
+			b = strictjson.TrimSpace(b)
 		}
 		if len(b) > 0 {
 			if b[0] != ',' {
@@ -287,7 +292,7 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 			}
 			b = b[1:]
 			if len(b) > 0 && b[0] <= ' ' {
-				b = trimSpace(b)
+				b = strictjson.TrimSpace(b)
 			}
 		}
 	}
@@ -297,16 +302,6 @@ func (t *tokenIDs) UnmarshalJSON(b []byte) error {
 
 // isSep reports whether c ends a token id: a comma or JSON whitespace.
 func isSep(c byte) bool { return c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func trimSpace(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
 
 func truncate(b []byte) string {
 	if len(b) > 24 {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/router"
 )
 
 // Error codes are part of the API: clients switch on them, so they never
@@ -44,8 +45,8 @@ type ErrorDetail struct {
 }
 
 // codedError overrides the code statusOf would derive from err, for the few
-// cases where the same sentinel means different things to a client (an
-// unknown model is not the same as an unknown replica).
+// cases where the same sentinel means different things to a client (a
+// malformed body is not the same as a bad field).
 type codedError struct {
 	code string
 	err  error
@@ -61,12 +62,15 @@ var errUpstream = errors.New("upstream replica failed")
 
 // statusOf is the one place errors become HTTP statuses. Handlers never pick
 // a status for a failure themselves; they return or wrap a sentinel from the
-// kvroute package and let this function decide.
+// kvroute package or one of the router's typed errors (a request it
+// refuses, a model it does not know) and let this function decide.
 func statusOf(err error) (int, ErrorDetail) {
 	d := ErrorDetail{Message: err.Error()}
 	var (
 		status int
 		fe     *kvroute.FieldError
+		re     *router.RequestError
+		mnf    *router.ModelNotFoundError
 		mbe    *http.MaxBytesError
 	)
 	switch {
@@ -75,6 +79,11 @@ func statusOf(err error) (int, ErrorDetail) {
 		d.Message = "request body is larger than the limit"
 	case errors.As(err, &fe):
 		status, d.Code, d.Field = http.StatusBadRequest, CodeInvalidInput, fe.Field
+	case errors.As(err, &re):
+		status, d.Code, d.Field = http.StatusBadRequest, CodeInvalidInput, re.Field
+	case errors.As(err, &mnf):
+		// An unknown model is not the same mistake as an unknown id.
+		status, d.Code = http.StatusNotFound, CodeModelNotFound
 	case errors.Is(err, kvroute.ErrInvalidInput):
 		status, d.Code = http.StatusBadRequest, CodeInvalidInput
 	case errors.Is(err, kvroute.ErrNotFound):

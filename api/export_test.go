@@ -3,6 +3,8 @@ package api
 import (
 	"fmt"
 	"reflect"
+
+	"github.com/kvroute/kvroute/internal/strictjson"
 )
 
 // DecodeRouteRequestUnspliced decodes a /v1/route body the way
@@ -11,7 +13,7 @@ import (
 // two to the same answers and errors.
 func DecodeRouteRequestUnspliced(body []byte) (RouteRequest, error) {
 	var req RouteRequest
-	if err := checkBody(body, jsonFields(reflect.TypeOf(req)), true); err != nil {
+	if err := strictjson.Check(body, strictjson.Fields(reflect.TypeOf(req)), true); err != nil {
 		return req, err
 	}
 	err := decodeJSON(body, &req)
@@ -24,7 +26,7 @@ func DecodeRouteRequestUnspliced(body []byte) (RouteRequest, error) {
 func ProxyDecodeParity(body []byte) string {
 	var got, want openAIRequest
 	gotErr := decodeWith(body, &got, openAIFields, false, unmarshalJSON)
-	wantErr := checkBody(body, openAIFields, false)
+	wantErr := strictjson.Check(body, openAIFields, false)
 	if wantErr == nil {
 		wantErr = unmarshalJSON(body, &want)
 	}

@@ -19,41 +19,57 @@ import (
 	"github.com/kvroute/kvroute/router"
 )
 
-// upstream is one proxied request's replica and booking. It is the
-// reverse proxy's transport: when the replica fails before any response
-// byte (refused, reset, closed before headers) and the decision scored
-// another eligible replica, it marks the failed one suspect, releases its
-// booking, decides again (the router skips suspects, so the next best
-// wins on fresh loads) and sends the same body there, at most
+// proxyRequest is one proxied request, from its decision to the end of
+// the replica's answer. Its methods are the reverse proxy's hooks
+// (RoundTrip here; rewrite, modifyResponse and handleError in proxy.go),
+// so that what one hook changes and another reads are fields of one value
+// rather than variables shared by closures.
+//
+// It is the reverse proxy's transport: when the replica fails before any
+// response byte (refused, reset, closed before headers) and the decision
+// scored another eligible replica, RoundTrip marks the failed one suspect,
+// releases its booking, decides again (the router skips suspects, so the
+// next best wins on fresh loads) and sends the same body there, at most
 // Config.ProxyRetries times. Nothing has reached the client yet, so the
-// decision headers are replaced too. A failure after the response began
-// is not retried: the client has part of an answer.
-type upstream struct {
-	s     *Server
-	w     http.ResponseWriter
-	in    *http.Request
-	req   router.Request
-	body  []byte
+// response hooks then answer with the new decision's headers. A failure
+// after the response began is not retried: the client has part of an
+// answer.
+type proxyRequest struct {
+	s *Server
+	// w and in are the client's response and request (in on the proxy
+	// span's context); only the response hooks write w.
+	w   http.ResponseWriter
+	in  *http.Request
+	req router.Request
+	// fw is the body as forwarded, sent again from the start on failover.
+	fw forwarded
+	// target is the first decision's replica; span the round trip's.
+	target     *url.URL
+	span       trace.Span
+	stripToken bool
+	// d and t are the current decision and its booking: RoundTrip moves
+	// them to the next replica on failover, and the response hooks, which
+	// run after it returns, report on them.
 	d     keyed
 	t     *tracker
 	tried map[string]bool
 }
 
 // RoundTrip sends out to the current replica, failing over as above.
-func (u *upstream) RoundTrip(out *http.Request) (*http.Response, error) {
+func (p *proxyRequest) RoundTrip(out *http.Request) (*http.Response, error) {
 	for attempt := 0; ; attempt++ {
 		// The proxy span's context (the client's own traceparent when
 		// this pod does not trace) goes to the replica.
-		u.s.inject(out.Context(), out.Header)
-		resp, err := u.s.proxy.RoundTrip(out)
-		if err == nil || attempt >= u.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
+		p.s.inject(out.Context(), out.Header)
+		resp, err := p.s.proxy.RoundTrip(out)
+		if err == nil || attempt >= p.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
 			return resp, err
 		}
-		target, ok := u.failover(out.Context(), err)
+		target, ok := p.failover(out.Context(), err)
 		if !ok {
 			return nil, err
 		}
-		out = u.retarget(out, target)
+		out = p.retarget(out, target)
 	}
 }
 
@@ -76,23 +92,23 @@ func beforeResponse(err error) bool {
 // failover moves the request to the next replica; false when there is
 // none to try (every other candidate was ineligible or tried, or the new
 // decision could not be made).
-func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
-	s, failed := u.s, u.d.Replica.ID
+func (p *proxyRequest) failover(ctx context.Context, cause error) (*url.URL, bool) {
+	s, failed := p.s, p.d.Replica.ID
 	s.rt.MarkSuspect(failed, s.cfg.SuspectTTL)
 	s.m.failovers.Add(ctx, 1, label("replica", failed))
 	trace.SpanFromContext(ctx).AddEvent("failover", trace.WithAttributes(attribute.String("kvroute.failed_replica", failed)))
-	if !u.alternative() {
+	if !p.alternative() {
 		return nil, false
 	}
-	u.t.release()
+	p.t.release()
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	req := u.req
-	req.Tokens = u.d.prompt.Tokens
+	req := p.req
+	req.Tokens = p.d.prompt.Tokens
 	dctx, span := s.startDecision(dctx, req.Model, failed)
 	start := time.Now()
 	d, err := s.rt.Route(dctx, req)
-	next := keyed{Decision: d, prompt: u.d.prompt}
+	next := keyed{Decision: d, prompt: p.d.prompt}
 	endDecision(span, next, err)
 	if err != nil {
 		s.log.WarnContext(ctx, "proxy: no replica to fail over to", "failed", failed, "err", err)
@@ -100,7 +116,7 @@ func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
 	}
 	t := &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(ctx)}
 	target, err := replicaTarget(d.Replica)
-	if err != nil || u.tried[d.Replica.ID] {
+	if err != nil || p.tried[d.Replica.ID] {
 		// Every other replica is suspect as well: the router fell back
 		// to one already tried.
 		t.release()
@@ -108,17 +124,16 @@ func (u *upstream) failover(ctx context.Context, cause error) (*url.URL, bool) {
 	}
 	s.m.observe(ctx, d, next.prompt, time.Since(start), -1)
 	s.log.WarnContext(ctx, "proxy: replica failed before answering; trying the next", "failed", failed, "next", d.Replica.ID, "err", cause)
-	u.tried[d.Replica.ID] = true
-	u.d, u.t = next, t
-	setDecisionHeaders(u.w.Header(), next)
+	p.tried[d.Replica.ID] = true
+	p.d, p.t = next, t
 	return target, true
 }
 
 // alternative reports whether the decision scored an eligible replica not
 // tried yet.
-func (u *upstream) alternative() bool {
-	for _, c := range u.d.Candidates {
-		if c.Eligible && !u.tried[c.ID] {
+func (p *proxyRequest) alternative() bool {
+	for _, c := range p.d.Candidates {
+		if c.Eligible && !p.tried[c.ID] {
 			return true
 		}
 	}
@@ -126,14 +141,14 @@ func (u *upstream) alternative() bool {
 }
 
 // retarget is out aimed at target, with the body again from the start.
-func (u *upstream) retarget(out *http.Request, target *url.URL) *http.Request {
+func (p *proxyRequest) retarget(out *http.Request, target *url.URL) *http.Request {
 	next := out.Clone(out.Context())
-	next.URL = &url.URL{Path: u.in.URL.Path, RawPath: u.in.URL.RawPath, RawQuery: out.URL.RawQuery}
-	pr := &httputil.ProxyRequest{In: u.in, Out: next}
+	next.URL = &url.URL{Path: p.in.URL.Path, RawPath: p.in.URL.RawPath, RawQuery: out.URL.RawQuery}
+	pr := &httputil.ProxyRequest{In: p.in, Out: next}
 	pr.SetURL(target)
-	next.Body = io.NopCloser(bytes.NewReader(u.body))
-	next.ContentLength = int64(len(u.body))
-	next.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(u.body)), nil }
+	next.Body = io.NopCloser(bytes.NewReader(p.fw.body))
+	next.ContentLength = int64(len(p.fw.body))
+	next.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(p.fw.body)), nil }
 	return next
 }
 

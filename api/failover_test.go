@@ -88,7 +88,7 @@ func TestProxyFailover(t *testing.T) {
 				if status != http.StatusOK {
 					t.Fatalf("request %d: %d %s", i, status, raw)
 				}
-				if got := hdr.Get(api.HeaderReplica); got != "live" {
+				if got := hdr.Values(api.HeaderReplica); len(got) != 1 || got[0] != "live" {
 					t.Fatalf("request %d answered by %q, want live", i, got)
 				}
 			}
@@ -113,9 +113,13 @@ func TestProxyUpstreamErrorShape(t *testing.T) {
 			if strings.Contains(path, "chat") {
 				body = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 			}
-			status, _, raw := h.post(t, path, body)
+			status, hdr, raw := h.post(t, path, body)
 			if status != http.StatusBadGateway {
 				t.Fatalf("status %d, want 502: %s", status, raw)
+			}
+			// The error answer still says which decision failed.
+			if got := hdr.Get(api.HeaderReplica); got != "dead" || hdr.Get(api.HeaderRequestID) == "" {
+				t.Errorf("decision headers: replica %q, request id %q; want dead and an id", got, hdr.Get(api.HeaderRequestID))
 			}
 			var got map[string]map[string]any
 			if err := json.Unmarshal([]byte(raw), &got); err != nil {

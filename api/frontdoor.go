@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
@@ -39,21 +40,21 @@ type chatFields struct {
 
 // present reports whether a raw JSON field was given a value.
 func present(raw json.RawMessage) bool {
-	b := trimSpace(raw)
+	b := strictjson.TrimSpace(raw)
 	return len(b) > 0 && string(b) != "null"
 }
 
 // request is the tokenization request for a chat body's fields.
 func (c chatFields) request(model string) (kvroute.TokenizeRequest, error) {
-	if b := trimSpace(c.Messages); len(b) == 0 || b[0] != '[' {
+	if b := strictjson.TrimSpace(c.Messages); len(b) == 0 || b[0] != '[' {
 		return kvroute.TokenizeRequest{}, &kvroute.FieldError{Field: "messages", Msg: "must be an array of messages"}
 	}
 	for name, raw := range map[string]json.RawMessage{"tools": c.Tools, "documents": c.Documents} {
-		if b := trimSpace(raw); present(raw) && b[0] != '[' {
+		if b := strictjson.TrimSpace(raw); present(raw) && b[0] != '[' {
 			return kvroute.TokenizeRequest{}, &kvroute.FieldError{Field: name, Msg: "must be an array"}
 		}
 	}
-	if b := trimSpace(c.ChatTemplateKwargs); present(c.ChatTemplateKwargs) && b[0] != '{' {
+	if b := strictjson.TrimSpace(c.ChatTemplateKwargs); present(c.ChatTemplateKwargs) && b[0] != '{' {
 		return kvroute.TokenizeRequest{}, &kvroute.FieldError{Field: "chat_template_kwargs", Msg: "must be an object"}
 	}
 	return kvroute.TokenizeRequest{
@@ -70,12 +71,13 @@ type keyed struct {
 	prompt prompt.Result
 }
 
-// decideKeyed resolves the prompt, then decides on its tokens. A prompt
+// decide resolves the prompt, then decides on its tokens and records the
+// decision's metrics. A prompt
 // that cannot be tokenized is still routed (on load alone) and the
 // decision says why it was cache-blind. The whole is the kvroute.decision
 // span, the resolution its kvroute.tokenize child, the router's steps the
 // others.
-func (s *Server) decideKeyed(ctx context.Context, in prompt.Input, req router.Request) (k keyed, err error) {
+func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request) (k keyed, err error) {
 	ctx, span := s.startDecision(ctx, req.Model, "")
 	defer func() { endDecision(span, k, err) }()
 	tctx, tspan := s.tracer.Start(ctx, "kvroute.tokenize")

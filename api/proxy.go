@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
@@ -78,14 +79,14 @@ func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error)
 		in.PromptEmbeds = true
 		return in, false, nil
 	}
-	raw := trimSpace(o.Prompt)
+	raw := strictjson.TrimSpace(o.Prompt)
 	if len(raw) == 0 || string(raw) == "null" {
 		return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is required"}
 	}
 	batch := false
 	// A batch of prompts goes to one replica; its first prompt decides.
 	if raw[0] == '[' {
-		if inner := trimSpace(raw[1:]); len(inner) > 0 && (inner[0] == '[' || inner[0] == '"') {
+		if inner := strictjson.TrimSpace(raw[1:]); len(inner) > 0 && (inner[0] == '[' || inner[0] == '"') {
 			var list []json.RawMessage
 			if err := json.Unmarshal(raw, &list); err != nil {
 				return in, false, jsonError(err)
@@ -93,7 +94,7 @@ func (o *openAIRequest) input(chat bool) (in prompt.Input, text bool, err error)
 			if len(list) == 0 {
 				return in, false, &kvroute.FieldError{Field: "prompt", Msg: "is an empty list"}
 			}
-			raw, batch = trimSpace(list[0]), len(list) > 1
+			raw, batch = strictjson.TrimSpace(list[0]), len(list) > 1
 		}
 	}
 	if len(raw) > 0 && raw[0] == '"' {
@@ -138,46 +139,11 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if oa.Model == "" {
-		s.writeError(w, r, &kvroute.FieldError{Field: "model", Msg: "is required"})
-		return
-	}
-	chat := r.URL.Path == "/v1/chat/completions"
-	in, text, err := oa.input(chat)
+	req, in, text, err := s.openAIQuestion(r, &oa)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	// Checked before deciding, so that a bad body books nothing.
-	if b := trimSpace(oa.StreamOptions); present(oa.StreamOptions) && b[0] != '{' {
-		s.writeError(w, r, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"})
-		return
-	}
-	session, err := sessionHeader(r)
-	if err == nil {
-		err = checkKeyStrings("cache_salt", oa.CacheSalt)
-	}
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	req := router.Request{Model: oa.Model, SessionID: session, CacheSalt: oa.CacheSalt}
-	for _, mt := range []struct {
-		field string
-		n     *int
-	}{{"max_completion_tokens", oa.MaxCompletionTokens}, {"max_tokens", oa.MaxTokens}} {
-		if mt.n == nil {
-			continue
-		}
-		if err := s.checkOutputTokens(mt.field, *mt.n); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		if *mt.n > 0 && req.MaxTokens == 0 {
-			req.MaxTokens = *mt.n
-		}
-	}
-
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
 	d, err := s.decide(ctx, in, req)
 	cancel()
@@ -189,89 +155,142 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.redirect(w, r, d)
 		return
 	}
-	// The round trip is its own span, which the replica gets as its
-	// traceparent (upstream.RoundTrip injects it into every attempt);
-	// the booking's progress reports are its children.
+	s.forward(w, r, body, &oa, req, d, text)
+}
+
+// openAIQuestion checks an OpenAI body, all of it before deciding so that
+// a bad body books nothing, and turns it into the router's question and
+// the prompt to resolve; text is input's (see openAIRequest.input).
+func (s *Server) openAIQuestion(r *http.Request, oa *openAIRequest) (req router.Request, in prompt.Input, text bool, err error) {
+	if err := (router.Request{Model: oa.Model}).Check(); err != nil {
+		return req, in, false, err
+	}
+	in, text, err = oa.input(r.URL.Path == "/v1/chat/completions")
+	if err != nil {
+		return req, in, false, err
+	}
+	if b := strictjson.TrimSpace(oa.StreamOptions); present(oa.StreamOptions) && b[0] != '{' {
+		return req, in, false, &kvroute.FieldError{Field: "stream_options", Msg: "must be an object"}
+	}
+	session, err := sessionHeader(r)
+	if err == nil {
+		err = checkKeyStrings("cache_salt", oa.CacheSalt)
+	}
+	if err != nil {
+		return req, in, false, err
+	}
+	req = router.Request{Model: oa.Model, SessionID: session, CacheSalt: oa.CacheSalt}
+	for _, mt := range []struct {
+		field string
+		n     *int
+	}{{"max_completion_tokens", oa.MaxCompletionTokens}, {"max_tokens", oa.MaxTokens}} {
+		if mt.n == nil {
+			continue
+		}
+		if err := s.checkOutputTokens(mt.field, *mt.n); err != nil {
+			return req, in, false, err
+		}
+		if *mt.n > 0 && req.MaxTokens == 0 {
+			req.MaxTokens = *mt.n
+		}
+	}
+	return req, in, text, nil
+}
+
+// forward sends the body to d's replica through a reverse proxy whose
+// hooks are one proxyRequest's. The round trip is its own span, which the
+// replica gets as its traceparent (RoundTrip injects it into every
+// attempt); the booking's progress reports are its children.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, oa *openAIRequest, req router.Request, d keyed, text bool) {
 	pctx, pspan := s.startProxy(r.Context(), d)
 	defer pspan.End()
 	r = r.WithContext(pctx)
-	up := &upstream{s: s, w: w, in: r, req: req, d: d, tried: map[string]bool{d.Replica.ID: true},
+	p := &proxyRequest{s: s, w: w, in: r, req: req, d: d, span: pspan, tried: map[string]bool{d.Replica.ID: true},
 		t: &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}}
-	target, err := replicaTarget(d.Replica)
+	var err error
+	if p.target, err = replicaTarget(d.Replica); err == nil {
+		p.fw, err = s.forwardBody(body, oa, d, text)
+	}
 	if err != nil {
-		up.t.release()
+		p.t.release()
 		s.writeError(w, r, err)
 		return
 	}
-	fw, err := s.forwardBody(body, &oa, d, text)
-	if err != nil {
-		up.t.release()
-		s.writeError(w, r, err)
-		return
-	}
-	up.body = fw.body
-	setDecisionHeaders(w.Header(), d)
-	stripToken := s.isKvrouteToken(r)
-
-	r.Body = io.NopCloser(bytes.NewReader(fw.body))
-	r.ContentLength = int64(len(fw.body))
+	p.stripToken = s.isKvrouteToken(r)
+	r.Body = io.NopCloser(bytes.NewReader(p.fw.body))
+	r.ContentLength = int64(len(p.fw.body))
 	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(target)
-			pr.SetXForwarded()
-			forwardQuery(pr.Out)
-			if stripToken {
-				// kvroute's own token is not the replica's business.
-				pr.Out.Header.Del("Authorization")
-			}
-		},
-		Transport: up,
+		Rewrite:   p.rewrite,
+		Transport: p,
 		ErrorLog:  s.proxyLog,
 		// Flush every write: token streams (SSE) must reach the client
 		// as the replica produces them.
-		FlushInterval: -1,
-		ModifyResponse: func(resp *http.Response) error {
-			d, t := up.d, up.t
-			s.m.proxied.Add(pctx, 1, statusLabel(resp.StatusCode))
-			if pspan.IsRecording() {
-				pspan.SetAttributes(attribute.String("kvroute.replica", d.Replica.ID), attribute.Int("http.response.status_code", resp.StatusCode))
-				if resp.StatusCode >= 500 {
-					pspan.SetStatus(codes.Error, resp.Status)
-				}
-			}
-			ok := resp.StatusCode < 300
-			var src io.ReadCloser = resp.Body
-			if ok {
-				believed := believedCached(d)
-				sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-				src = newUsageTap(resp.Body, sse, fw.stripUsage, func(u usage) { s.m.served(pctx, d.Replica.ID, believed, u) })
-				if fw.stripUsage {
-					resp.Header.Del("Content-Length")
-				}
-			}
-			resp.Body = &progressBody{ReadCloser: src, t: t, ok: ok}
-			return nil
-		},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			up.t.release()
-			s.m.proxied.Add(pctx, 1, label("status", "error"))
-			pspan.RecordError(err)
-			pspan.SetStatus(codes.Error, err.Error())
-			if r.Context().Err() != nil {
-				// The client hung up; nobody reads an answer.
-				w.WriteHeader(statusClientClosed)
-				return
-			}
-			s.writeError(w, r, fmt.Errorf("%w: replica %s: %v", errUpstream, up.d.Replica.ID, err))
-		},
+		FlushInterval:  -1,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.handleError,
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// rewrite aims the outgoing request at the first decision's replica
+// (RoundTrip re-aims it on failover).
+func (p *proxyRequest) rewrite(pr *httputil.ProxyRequest) {
+	pr.SetURL(p.target)
+	pr.SetXForwarded()
+	forwardQuery(pr.Out)
+	if p.stripToken {
+		// kvroute's own token is not the replica's business.
+		pr.Out.Header.Del("Authorization")
+	}
+}
+
+// modifyResponse answers with the decision that got the response (the
+// last one, after a failover) and watches the body as the proxy copies it:
+// its usage, its first byte and its end.
+func (p *proxyRequest) modifyResponse(resp *http.Response) error {
+	s, d, ctx := p.s, p.d, p.in.Context()
+	setDecisionHeaders(p.w.Header(), d)
+	s.m.proxied.Add(ctx, 1, statusLabel(resp.StatusCode))
+	if p.span.IsRecording() {
+		p.span.SetAttributes(attribute.String("kvroute.replica", d.Replica.ID), attribute.Int("http.response.status_code", resp.StatusCode))
+		if resp.StatusCode >= 500 {
+			p.span.SetStatus(codes.Error, resp.Status)
+		}
+	}
+	ok := resp.StatusCode < 300
+	var src io.ReadCloser = resp.Body
+	if ok {
+		believed := believedCached(d)
+		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+		src = newUsageTap(resp.Body, sse, p.fw.stripUsage, func(u usage) { s.m.served(ctx, d.Replica.ID, believed, u) })
+		if p.fw.stripUsage {
+			resp.Header.Del("Content-Length")
+		}
+	}
+	resp.Body = &progressBody{ReadCloser: src, t: p.t, ok: ok}
+	return nil
+}
+
+// handleError answers a request no replica answered: the booking is
+// released, and the error carries the last decision's headers.
+func (p *proxyRequest) handleError(w http.ResponseWriter, r *http.Request, err error) {
+	p.t.release()
+	setDecisionHeaders(w.Header(), p.d)
+	p.s.m.proxied.Add(p.in.Context(), 1, label("status", "error"))
+	p.span.RecordError(err)
+	p.span.SetStatus(codes.Error, err.Error())
+	if r.Context().Err() != nil {
+		// The client hung up; nobody reads an answer.
+		w.WriteHeader(statusClientClosed)
+		return
+	}
+	p.s.writeError(w, r, fmt.Errorf("%w: replica %s: %v", errUpstream, p.d.Replica.ID, err))
 }
 
 // openAIFields are the top-level fields the proxy reads; their case
 // variants are refused (encoding/json would take "MODEL" for model, and
 // the replica would not).
-var openAIFields = jsonFields(reflect.TypeFor[openAIRequest]())
+var openAIFields = strictjson.Fields(reflect.TypeFor[openAIRequest]())
 
 // replicaTarget is the base URL proxied requests to rep go to.
 func replicaTarget(rep kvroute.Replica) (*url.URL, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/strictjson"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -135,10 +136,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	var body RouteRequest
 	defer func() {
 		// Client-given ids are read by nothing after the answer: the body
-		// and the ids go back to their pools (pool.go).
+		// and the ids go back to their pools (strictjson.Pool).
 		if body.Prompt == nil && !present(body.Messages) {
-			bodyBufs.put(raw)
-			idBufs.put(body.TokenIDs)
+			bodyBufs.Put(raw)
+			strictjson.IDs.Put(body.TokenIDs)
 		}
 	}()
 	if err := decodeBody(raw, &body); err != nil {
@@ -234,8 +235,9 @@ func queryBool(r *http.Request, name string) (bool, error) {
 // the body is more specific.
 func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Request, prompt.Input, error) {
 	var in prompt.Input
-	if b.Model == "" {
-		return router.Request{}, in, &kvroute.FieldError{Field: "model", Msg: "is required"}
+	req := router.Request{Model: b.Model, Policy: scoring.Policy(b.Policy)}
+	if err := req.Check(); err != nil {
+		return router.Request{}, in, err
 	}
 	forms := 0
 	for _, given := range []bool{b.TokenIDs != nil, b.Prompt != nil, present(b.Messages)} {
@@ -265,7 +267,7 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 	if err := checkKeyStrings("session_id", b.SessionID, "cache_salt", b.CacheSalt, "lora", b.LoRA); err != nil {
 		return router.Request{}, in, err
 	}
-	req := router.Request{Model: b.Model, SessionID: b.SessionID, CacheSalt: b.CacheSalt, LoRA: b.LoRA}
+	req.SessionID, req.CacheSalt, req.LoRA = b.SessionID, b.CacheSalt, b.LoRA
 	if req.SessionID == "" {
 		req.SessionID = sessionHeader
 	}
@@ -274,13 +276,6 @@ func (s *Server) routeRequest(b RouteRequest, sessionHeader string) (router.Requ
 			return router.Request{}, in, err
 		}
 		req.MaxTokens = *b.MaxTokens
-	}
-	if b.Policy != "" {
-		p, err := scoring.ParsePolicy(b.Policy)
-		if err != nil {
-			return router.Request{}, in, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
-		}
-		req.Policy = p
 	}
 	return req, in, nil
 }
@@ -296,17 +291,6 @@ func (s *Server) checkOutputTokens(field string, n int) error {
 		return &kvroute.FieldError{Field: field, Msg: fmt.Sprintf("is %d, more than the limit of %d", n, s.cfg.MaxOutputTokens)}
 	}
 	return nil
-}
-
-// decide tokenizes the prompt, asks the router and records the decision's
-// metrics. An unknown model gets its own error code: to a client it is a
-// different mistake from an unknown replica id.
-func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request) (keyed, error) {
-	k, err := s.decideKeyed(ctx, in, req)
-	if errors.Is(err, kvroute.ErrNotFound) {
-		err = withCode(CodeModelNotFound, err)
-	}
-	return k, err
 }
 
 // setDecisionHeaders puts the decision where redirected and proxied

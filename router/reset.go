@@ -20,8 +20,13 @@ import (
 // ingestors rebuild the index from the replicas' replay buffers.
 
 // Epocher is a registry that can say whether its data was lost
-// (*store.Store is one). A registry without it is never checked.
+// (*store.Store is one, checked in internal/app). The router finds it by
+// type assertion on the Registry, so a registry without it is never
+// checked: the named interface and its compile-time check keep a renamed
+// method from silently turning reset detection off.
 type Epocher interface {
+	// Epoch returns the store's epoch: a random id written by the first
+	// process to meet the store, which changes only when its data is lost.
 	Epoch(ctx context.Context) (string, error)
 }
 

@@ -53,6 +53,17 @@ type Index interface {
 	Loads(ctx context.Context, model string, replicas []string) ([]kvroute.Load, error)
 }
 
+// RequestIDMinter is an index that mints its own request ids (*store.Store
+// is one, checked in internal/app): its ids carry their model, so that
+// Advance and Release find the lease in the model's Redis slot. The router
+// finds it by type assertion on the Index (Options.NewID); the named
+// interface and its compile-time check keep a renamed method from silently
+// falling back to random ids.
+type RequestIDMinter interface {
+	// NewRequestID mints the id of a decision on model.
+	NewRequestID(model string) string
+}
+
 // Registry lists the fleet.
 type Registry interface {
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
@@ -122,6 +133,48 @@ type Request struct {
 	Policy scoring.Policy
 }
 
+// Check refuses a request the router cannot answer: no model, or a policy
+// override that is not a policy. Route calls it first; the API calls it
+// before it resolves the prompt, so that a request naming no model is not
+// tokenized first. It is the one place these two fields are validated.
+func (req Request) Check() error {
+	if req.Model == "" {
+		return &RequestError{Field: "model", Msg: "is required"}
+	}
+	if req.Policy != "" {
+		if _, err := scoring.ParsePolicy(string(req.Policy)); err != nil {
+			return &RequestError{Field: "policy", Msg: err.Error()}
+		}
+	}
+	return nil
+}
+
+// RequestError is a request Check refuses, naming the request field at
+// fault, so that the API can point a client at it.
+type RequestError struct {
+	Field string
+	Msg   string
+}
+
+func (e *RequestError) Error() string { return e.Field + " " + e.Msg }
+
+// Unwrap lets callers test errors.Is(err, kvroute.ErrInvalidInput).
+func (e *RequestError) Unwrap() error { return kvroute.ErrInvalidInput }
+
+// ModelNotFoundError is a request for a model no replica serves. It is
+// typed because to a client it is a different mistake from an unknown
+// request or replica id, which are kvroute.ErrNotFound as well.
+type ModelNotFoundError struct {
+	Model string
+}
+
+func (e *ModelNotFoundError) Error() string {
+	return fmt.Sprintf("router: model %q: %v", e.Model, kvroute.ErrNotFound)
+}
+
+// Unwrap lets callers test errors.Is(err, kvroute.ErrNotFound).
+func (e *ModelNotFoundError) Unwrap() error { return kvroute.ErrNotFound }
+
 // Decision is the answer, with everything explain needs.
 type Decision struct {
 	RequestID    string
@@ -188,9 +241,9 @@ type Options struct {
 	// fall back to that copy).
 	OnStoreReset func(ctx context.Context, known []kvroute.Replica)
 	// NewID mints the request id of a decision on model; nil means the
-	// index's NewRequestID when it has one (the store's ids carry their
-	// model, so that Advance and Release find its lease in its model's
-	// Redis slot), else random 128-bit hex.
+	// index's NewRequestID when it is a RequestIDMinter (the store's ids
+	// carry their model, so that Advance and Release find its lease in its
+	// model's Redis slot), else random 128-bit hex.
 	NewID func(model string) string
 	// TracerProvider makes the decision steps' spans (trace.go); nil
 	// means the global provider, a no-op unless the program sets one.
@@ -227,7 +280,7 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	}
 	if opt.NewID == nil {
 		opt.NewID = func(string) string { return randomID() }
-		if m, ok := idx.(interface{ NewRequestID(model string) string }); ok {
+		if m, ok := idx.(RequestIDMinter); ok {
 			opt.NewID = m.NewRequestID
 		}
 	}
@@ -266,16 +319,27 @@ func (r *Router) KeySpace(model, lora string) kvroute.KeySpace {
 	return kvroute.KeySpace{Model: model, LoRA: lora, Seed: r.cfg.Seed}
 }
 
+// Route answers one request. With the store unreachable it still decides
+// (round-robin over the last replicas it knew to be healthy) and says so in
+// Decision.Degraded rather than failing while any replica is known. Each
+// step is a child span of the caller's (kvroute.registry, kvroute.keying,
+// kvroute.lookup, kvroute.scoring, kvroute.reserve) and is timed in
+// Decision.Stages. A request Check refuses is answered with its
+// *RequestError; a model with no replica with a *ModelNotFoundError.
+func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
+	var tm Stages
+	d, err := r.route(ctx, req, &tm)
+	d.Stages = tm
+	return d, err
+}
+
 // route is Route, timing its steps in tm.
 func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, error) {
-	if req.Model == "" {
-		return Decision{}, &kvroute.FieldError{Field: "model", Msg: "is required"}
+	if err := req.Check(); err != nil {
+		return Decision{}, err
 	}
 	cfg := r.cfg.Scoring
 	if req.Policy != "" {
-		if _, err := scoring.ParsePolicy(string(req.Policy)); err != nil {
-			return Decision{}, &kvroute.FieldError{Field: "policy", Msg: err.Error()}
-		}
 		cfg.Policy = req.Policy
 	}
 	sctx, st := r.stage(ctx, "kvroute.registry", &tm.Registry)
@@ -290,39 +354,10 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	// of every model in the registry's domain). A registry in its window
 	// is no reason to skip it: the model's shard may be up.
 	skip := read == fleetFailed || read == fleetSkipped
-	var fleet []kvroute.Replica
-	for _, rep := range replicas {
-		if rep.Model == req.Model {
-			fleet = append(fleet, rep)
-		}
-	}
 	resetting := r.resetting()
+	fleet := modelFleet(replicas, req.Model)
 	if len(fleet) == 0 {
-		// A model this pod knew has vanished: an operator deleted its
-		// replicas, or the store lost its data. Only the epoch tells.
-		if known := r.reset.knownFleet(req.Model); len(known) > 0 {
-			d := Decision{RequestID: r.newID(req.Model), BlockSize: r.BlockSize(req.Model, known), Policy: scoring.PolicyRoundRobin}
-			// With the registry's window open the epoch cannot be read
-			// either (one server), and asking would wait out the store
-			// again: route over the last fleet known rather than say the
-			// model does not exist.
-			if r.isDown(r.globalWindow()) {
-				return r.degraded(d, known, nil)
-			}
-			// The window is asked after the check, not before it: the
-			// serving process's own check may have seen the reset first,
-			// and this CheckEpoch then finds the epoch already current (a
-			// 404 in a -race run of TestRedisRestartedEmpty).
-			reset, err := r.CheckEpoch(ctx)
-			if errors.Is(err, kvroute.ErrUnavailable) {
-				r.markDown(r.globalWindow())
-				return r.degraded(d, known, err)
-			}
-			if reset || r.resetting() {
-				return r.degradedWith(d, known, ReasonStoreReset)
-			}
-		}
-		return Decision{}, fmt.Errorf("router: model %q: %w", req.Model, kvroute.ErrNotFound)
+		return r.vanished(ctx, req.Model)
 	}
 	fleet = r.suspects.demote(r.now(), fleet)
 	bs := r.BlockSize(req.Model, fleet)
@@ -353,9 +388,70 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		}
 		return r.degraded(d, fleet, err)
 	}
+	in := r.input(d, req, fleet, overlaps, loads)
+	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
+	if err != nil {
+		if errors.Is(err, kvroute.ErrUnavailable) {
+			r.markDown(r.modelWindow(req.Model))
+			return r.degraded(d, fleet, err)
+		}
+		return Decision{}, err
+	}
+	if resetting {
+		// Cache-aware over what the index holds again, but the index is
+		// partial until the ingestors' replays land: say so.
+		d.Degraded, d.Reason = true, ReasonStoreReset
+	}
+	r.booked(ctx, &d, req.Model, fleet, keys, out)
+	return d, nil
+}
 
+// modelFleet is the replicas of replicas that serve model.
+func modelFleet(replicas []kvroute.Replica, model string) []kvroute.Replica {
+	var fleet []kvroute.Replica
+	for _, rep := range replicas {
+		if rep.Model == model {
+			fleet = append(fleet, rep)
+		}
+	}
+	return fleet
+}
+
+// vanished answers a request for a model the registry has no replica of.
+// A model this pod knew has vanished when an operator deleted its
+// replicas, or when the store lost its data: only the epoch tells, and in
+// the second case the decision goes to the last fleet known.
+func (r *Router) vanished(ctx context.Context, model string) (Decision, error) {
+	if known := r.reset.knownFleet(model); len(known) > 0 {
+		d := Decision{RequestID: r.newID(model), BlockSize: r.BlockSize(model, known), Policy: scoring.PolicyRoundRobin}
+		// With the registry's window open the epoch cannot be read
+		// either (one server), and asking would wait out the store
+		// again: route over the last fleet known rather than say the
+		// model does not exist.
+		if r.isDown(r.globalWindow()) {
+			return r.degraded(d, known, nil)
+		}
+		// The window is asked after the check, not before it: the
+		// serving process's own check may have seen the reset first,
+		// and this CheckEpoch then finds the epoch already current (a
+		// 404 in a -race run of TestRedisRestartedEmpty).
+		reset, err := r.CheckEpoch(ctx)
+		if errors.Is(err, kvroute.ErrUnavailable) {
+			r.markDown(r.globalWindow())
+			return r.degraded(d, known, err)
+		}
+		if reset || r.resetting() {
+			return r.degradedWith(d, known, ReasonStoreReset)
+		}
+	}
+	return Decision{}, &ModelNotFoundError{Model: model}
+}
+
+// input is what the decision core is given: the request, and each of
+// fleet's replicas with what the index says it holds and owes.
+func (r *Router) input(d Decision, req Request, fleet []kvroute.Replica, overlaps []kvroute.Overlap, loads []kvroute.Load) Input {
 	in := Input{
-		RequestID: d.RequestID, Model: req.Model, Blocks: len(keys), PromptTokens: len(req.Tokens), BlockSize: bs,
+		RequestID: d.RequestID, Model: req.Model, Blocks: d.PromptBlocks, PromptTokens: len(req.Tokens), BlockSize: d.BlockSize,
 		MaxTokens: req.MaxTokens, SessionID: req.SessionID, Policy: req.Policy,
 		Counter: r.count.Add(1) - 1, Now: r.now(), Candidates: make([]Candidate, len(fleet)),
 	}
@@ -365,37 +461,30 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 			Overlap: overlaps[i], Load: scoringLoad(loads[i]),
 		}
 	}
-	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
-	if err != nil {
-		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown(r.modelWindow(req.Model))
-			return r.degraded(d, fleet, err)
-		}
-		return Decision{}, err
-	}
+	return in
+}
+
+// booked fills d from the booking out made on fleet (model's replicas), and remembers what
+// was sent to a replica that publishes no events.
+func (r *Router) booked(ctx context.Context, d *Decision, model string, fleet []kvroute.Replica, keys []kvroute.BlockKey, out Outcome) {
 	p := out.Pick
-	if resetting {
-		// Cache-aware over what the index holds again, but the index is
-		// partial until the ingestors' replays land: say so.
-		d.Degraded, d.Reason = true, ReasonStoreReset
-	}
 	d.Replica = fleet[p]
 	d.IndexIncomplete = fleet[p].Events != "" && fleet[p].FollowedSince.IsZero()
 	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
 	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires
 	// Replicas that publish no events are known only from what we send
 	// them: remember it, apart from event-fed entries and with a TTL.
-	if out.RecordApprox {
-		actx, st := r.stage(ctx, "kvroute.record_approx", nil)
-		sctx, cancel := r.storeCtx(actx)
-		err := r.idx.RecordApprox(sctx, req.Model, fleet[p].ID, keys)
-		cancel()
-		st.end(err)
-		if err != nil {
-			r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
-		}
+	if !out.RecordApprox {
+		return
 	}
-	return d, nil
+	actx, st := r.stage(ctx, "kvroute.record_approx", nil)
+	sctx, cancel := r.storeCtx(actx)
+	err := r.idx.RecordApprox(sctx, model, fleet[p].ID, keys)
+	cancel()
+	st.end(err)
+	if err != nil {
+		r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
+	}
 }
 
 // scoringLoad is what scoring sees of a replica's load. Active requests are

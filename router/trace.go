@@ -32,19 +32,6 @@ func newTracer(tp trace.TracerProvider) trace.Tracer {
 	return tp.Tracer(tracerName)
 }
 
-// Route answers one request. With the store unreachable it still decides
-// (round-robin over the last replicas it knew to be healthy) and says so in
-// Decision.Degraded rather than failing while any replica is known. Each
-// step is a child span of the caller's (kvroute.registry, kvroute.keying,
-// kvroute.lookup, kvroute.scoring, kvroute.reserve) and is timed in
-// Decision.Stages.
-func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
-	var tm Stages
-	d, err := r.route(ctx, req, &tm)
-	d.Stages = tm
-	return d, err
-}
-
 // stage is one step of a decision in progress: its span and its timer.
 type stage struct {
 	span  trace.Span

@@ -20,3 +20,11 @@ var (
 	_ ingestor.KeyLookup  = (*store.Store)(nil)
 	_ ingestor.Transport  = ingestor.ZMQ{}
 )
+
+// Capabilities the router finds by type assertion: without these checks a
+// renamed method would silently turn reset detection off, or the store's
+// model-carrying request ids into random ones.
+var (
+	_ router.Epocher         = (*store.Store)(nil)
+	_ router.RequestIDMinter = (*store.Store)(nil)
+)

@@ -1,4 +1,4 @@
-package api
+package strictjson
 
 import (
 	"math/bits"
@@ -22,13 +22,14 @@ const (
 	maxPooledBits = 24 // 16 MB
 )
 
-type classPool[T any] struct {
+// Pool recycles slices of T by size class. The zero value is ready to use.
+type Pool[T any] struct {
 	pools [maxPooledBits - minPooledBits + 1]sync.Pool // of *[]T
 }
 
-// get returns an empty slice with room for n elements, recycled when one
+// Get returns an empty slice with room for n elements, recycled when one
 // is at hand.
-func (p *classPool[T]) get(n int) []T {
+func (p *Pool[T]) Get(n int) []T {
 	c := bits.Len(uint(max(n, 1) - 1)) // the class that fits n
 	if c > maxPooledBits {
 		return make([]T, 0, n)
@@ -40,8 +41,8 @@ func (p *classPool[T]) get(n int) []T {
 	return make([]T, 0, 1<<c)
 }
 
-// put files s for reuse; the caller must hold no other reference to it.
-func (p *classPool[T]) put(s []T) {
+// Put files s for reuse; the caller must hold no other reference to it.
+func (p *Pool[T]) Put(s []T) {
 	c := bits.Len(uint(cap(s))) - 1 // the largest class s holds
 	if c < minPooledBits || c > maxPooledBits {
 		return
@@ -50,7 +51,6 @@ func (p *classPool[T]) put(s []T) {
 	p.pools[c-minPooledBits].Put(&s)
 }
 
-var (
-	bodyBufs classPool[byte]
-	idBufs   classPool[uint32]
-)
+// IDs holds the buffers Scan parses token ids into. A caller gives a
+// Taken's IDs back (IDs.Put) once nothing can still read them.
+var IDs Pool[uint32]

@@ -1,38 +1,20 @@
-package api
+package strictjson
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute"
 )
 
-// maxDepth bounds how deeply a body's JSON may nest. Chat messages, tool
+// MaxDepth bounds how deeply a body's JSON may nest. Chat messages, tool
 // schemas and template options nest a few levels; a body nested thousands
 // deep only costs the decoder stack.
-const maxDepth = 128
-
-// checkBody scans a JSON body for what encoding/json lets through
-// silently: an object key given twice (a client and a replica may read
-// different values), a top-level key that matches a field only when case
-// is ignored (encoding/json matches "MODEL" to model; vLLM does not),
-// strings that are not valid UTF-8 or hold a lone surrogate escape
-// (encoding/json replaces them with U+FFFD, so kvroute would key other
-// text than the engine computes), and nesting deeper than maxDepth. known
-// is the body's set of fields; with exact, a top-level key not in it is
-// an error too (the strict endpoints), else only its case variants are
-// (the proxy forwards other fields to the replica). Malformed JSON is
-// left for the decoder to report, with its offset.
-func checkBody(b []byte, known map[string]bool, exact bool) error {
-	_, err := scanBody(b, known, exact, nil)
-	return err
-}
+const MaxDepth = 128
 
 var errSyntax = errors.New("syntax")
 
@@ -46,8 +28,8 @@ type scanner struct {
 	path []string
 	// take says which top-level fields the scan takes out of the body
 	// (nil: none); taken is what it took.
-	take  *takeFields
-	taken taken
+	take  *Take
+	taken Taken
 	// strict is set while a value to be taken is scanned: the scan then
 	// also notes (in malformed) what it lets through for the decoder to
 	// report, a bad number, literal or escape, since the decoder will not
@@ -82,9 +64,9 @@ func (s *scanner) value(depth int) error {
 		return errSyntax
 	}
 	switch c := s.b[s.i]; {
-	case (c == '{' || c == '[') && depth >= maxDepth:
+	case (c == '{' || c == '[') && depth >= MaxDepth:
 		// Named by its top-level field: the full path is as deep.
-		return &kvroute.FieldError{Field: s.path[0], Msg: fmt.Sprintf("nests deeper than %d levels", maxDepth)}
+		return &kvroute.FieldError{Field: s.path[0], Msg: fmt.Sprintf("nests deeper than %d levels", MaxDepth)}
 	case c == '{':
 		return s.object(depth + 1)
 	case c == '[':
@@ -386,34 +368,3 @@ func hex4(b []byte, i int) (rune, bool) {
 	v, err := strconv.ParseUint(string(b[i:i+4]), 16, 32)
 	return rune(v), err == nil
 }
-
-// jsonFields is the set of JSON field names of a struct type (embedded
-// structs' included), computed once per type.
-func jsonFields(t reflect.Type) map[string]bool {
-	if m, ok := fieldCache.Load(t); ok {
-		return m.(map[string]bool)
-	}
-	m := map[string]bool{}
-	var walk func(reflect.Type)
-	walk = func(t reflect.Type) {
-		for i := range t.NumField() {
-			f := t.Field(i)
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			switch {
-			case name == "-":
-			case f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct:
-				walk(f.Type)
-			case !f.IsExported():
-			case name == "":
-				m[f.Name] = true
-			default:
-				m[name] = true
-			}
-		}
-	}
-	walk(t)
-	fieldCache.Store(t, m)
-	return m
-}
-
-var fieldCache sync.Map
