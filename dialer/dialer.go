@@ -31,6 +31,8 @@ type Resolver interface {
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 
+var _ Resolver = (*net.Resolver)(nil)
+
 // Dialer connects to replicas under an address policy. The zero value
 // enforces the default policy; it is safe for concurrent use.
 type Dialer struct {

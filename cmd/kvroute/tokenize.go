@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -72,7 +73,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if fs.NArg() > 1 {
 		return usageError{fmt.Errorf("one TEXT at most (quote it), got %d arguments", fs.NArg())}
 	}
-	t, err := newTokenizeCmd(*dir, *chat, special.v)
+	t, err := newTokenizeCmd(*dir, *chat, special.v, slog.New(slog.NewTextHandler(stderr, nil)))
 	if err != nil {
 		return err
 	}
@@ -105,7 +106,9 @@ type tokenizeCmd struct {
 	chat    bool
 }
 
-func newTokenizeCmd(dir string, chat bool, special *bool) (*tokenizeCmd, error) {
+// newTokenizeCmd loads dir; log gets the front door's warnings (why a
+// template failed, when the router would route the prompt cache-blind).
+func newTokenizeCmd(dir string, chat bool, special *bool, log *slog.Logger) (*tokenizeCmd, error) {
 	m, err := prompt.LoadModel(os.DirFS(dir), ".", -1, template.Options{})
 	if err != nil {
 		return nil, err
@@ -113,7 +116,7 @@ func newTokenizeCmd(dir string, chat bool, special *bool) (*tokenizeCmd, error) 
 	if chat && m.Template == nil {
 		return nil, fmt.Errorf("%s has no chat template", dir)
 	}
-	front, err := prompt.New(prompt.Config{Models: map[string]*prompt.Model{tokenizeModel: m}})
+	front, err := prompt.New(prompt.Config{Models: map[string]*prompt.Model{tokenizeModel: m}, Logger: log})
 	if err != nil {
 		return nil, err
 	}
