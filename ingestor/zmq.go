@@ -60,18 +60,18 @@ type ZMQ struct {
 const guardedScheme = "kvroute-tcp"
 
 func init() {
-	if err := zmq4.RegisterTransport(guardedScheme, guardedTransport{}); err != nil {
+	if err := zmq4.RegisterTransport(guardedScheme, policyTransport{}); err != nil {
 		panic(err)
 	}
 }
 
 type dialerKey struct{}
 
-// guardedTransport is zmq4's tcp transport with dials through the
+// policyTransport is zmq4's tcp transport with dials through the
 // context's Dialer; a context without one is refused (fail closed).
-type guardedTransport struct{}
+type policyTransport struct{}
 
-func (guardedTransport) Dial(ctx context.Context, zd transport.Dialer, addr string) (net.Conn, error) {
+func (policyTransport) Dial(ctx context.Context, zd transport.Dialer, addr string) (net.Conn, error) {
 	d, ok := ctx.Value(dialerKey{}).(*dialer.Dialer)
 	if !ok {
 		return nil, fmt.Errorf("dial %s: no dialer in the socket's context: %w", addr, dialer.ErrRefused)
@@ -85,11 +85,11 @@ func (guardedTransport) Dial(ctx context.Context, zd transport.Dialer, addr stri
 	return d.DialContext(ctx, "tcp", addr)
 }
 
-func (guardedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+func (policyTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
 	return nil, fmt.Errorf("listen %s: %s:// only dials", addr, guardedScheme)
 }
 
-func (guardedTransport) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
+func (policyTransport) Addr(ep string) (string, error) { return transport.New("tcp").Addr(ep) }
 
 // guarded is ctx carrying z's dialer, and endpoint dialled through it.
 func (z ZMQ) guarded(ctx context.Context, endpoint string) (context.Context, string) {
