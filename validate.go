@@ -7,7 +7,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"unicode"
 	"unicode/utf8"
 )
@@ -211,7 +210,8 @@ var metadataNames = []string{"metadata.google.internal", "metadata.goog", "metad
 // Check applies the policy to a replica whose syntax Validate accepted:
 // its URL's and event endpoints' hosts when they are IP literals or known
 // metadata names. Names that resolve to a refused address are caught at
-// connection time by DialControl.
+// connection time, by package dialer, which every replica connection
+// goes through.
 func (p AddressPolicy) Check(r Replica) error {
 	hosts := []struct{ field, host string }{}
 	if u, err := ReplicaURL(r.URL); err == nil {
@@ -274,20 +274,6 @@ func (p AddressPolicy) allowed(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// DialControl is a net.Dialer Control function enforcing the policy on
-// the address a connection is about to reach, after name resolution: a
-// DNS name that resolves to a refused address is refused here.
-func (p AddressPolicy) DialControl(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("kvroute: dial %s: %w", address, err)
-	}
-	if err := p.CheckAddr(ap.Addr()); err != nil {
-		return fmt.Errorf("kvroute: dial %s refused by the replica address policy: %w", address, err)
-	}
-	return nil
 }
 
 // printable reports whether s is valid UTF-8 without control characters.

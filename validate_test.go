@@ -110,13 +110,4 @@ func TestAddressPolicy(t *testing.T) {
 			checkField(t, tt.policy.Check(tt.r), tt.field)
 		})
 	}
-	t.Run("dial control", func(t *testing.T) {
-		p := kvroute.AddressPolicy{}
-		if err := p.DialControl("tcp4", "169.254.169.254:80", nil); err == nil {
-			t.Error("dial to the metadata service allowed")
-		}
-		if err := p.DialControl("tcp4", "127.0.0.1:8000", nil); err != nil {
-			t.Errorf("dial to loopback refused: %v", err)
-		}
-	})
 }

@@ -115,10 +115,10 @@ type Config struct {
 	// caches exactly the blocks kvroute keyed.
 	NoTokenForwarding bool
 	// Transport carries proxied requests to replicas, as
-	// httputil.ReverseProxy's does; nil means a copy of
-	// http.DefaultTransport whose dialer enforces ReplicaPolicy on the
-	// resolved address. No overall timeout applies: a streamed generation
-	// may run for minutes.
+	// httputil.ReverseProxy's does; nil means package dialer's transport
+	// enforcing ReplicaPolicy on the resolved address (internal/app gives
+	// the process's one Dialer's). No overall timeout applies: a streamed
+	// generation may run for minutes.
 	Transport http.RoundTripper
 	// Access holds the bearer tokens of the admin API, the decision API
 	// and the proxy, and whether /metrics needs one; its zero value

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -152,16 +153,9 @@ func (p *proxyRequest) retarget(out *http.Request, target *url.URL) *http.Reques
 	return next
 }
 
-// guardedTransport is http.DefaultTransport with a dialer that enforces
-// the replica address policy on the address it resolves, so that a
-// replica's DNS name pointing at a metadata service is refused too.
+// guardedTransport connects through the replica address policy (package
+// dialer): a replica's DNS name that resolves to a metadata service is
+// refused at connect time, not only its URL at registration.
 func guardedTransport(p kvroute.AddressPolicy) http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: p.DialControl}
-	t.DialContext = d.DialContext
-	return t
+	return dialer.New(p, nil).Transport()
 }

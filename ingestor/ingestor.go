@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/ingestor/kvevents"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -105,11 +106,18 @@ type Config struct {
 	// that came back do not arrive in lockstep; tests inject a seeded one.
 	// Nil means a generator seeded from the runtime's random source.
 	Rand *rand.Rand
+	// Dialer makes every connection to a replica (probes, scrapes, the
+	// ZeroMQ dials) under the replica address policy, so that a replica
+	// whose name resolves to a metadata service is never reached. Nil
+	// means dialer.New(kvroute.AddressPolicy{}, Logger): the default
+	// policy.
+	Dialer *dialer.Dialer
 	// HTTPClient probes /health and scrapes /metrics. Nil means a client
-	// with a 5s timeout; every request is also bounded by its interval.
+	// with a 5s timeout connecting through Dialer; every request is also
+	// bounded by its interval. A client given here dials as it likes.
 	HTTPClient *http.Client
 	// Transport opens the ZeroMQ sockets, so that tests can substitute
-	// fakes. Nil means ZMQ{}.
+	// fakes. Nil means ZMQ{Dialer: Dialer}.
 	Transport Transport
 	// Registerer receives the ingestor's metrics. Nil registers nowhere:
 	// the metrics still count, for a caller that reads them otherwise.
@@ -175,11 +183,14 @@ func New(c Config) (*Ingestor, error) {
 	if c.Rand == nil {
 		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
+	if c.Dialer == nil {
+		c.Dialer = dialer.New(kvroute.AddressPolicy{}, c.Logger)
+	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{Timeout: 5 * time.Second}
+		c.HTTPClient = &http.Client{Timeout: 5 * time.Second, Transport: c.Dialer.Transport()}
 	}
 	if c.Transport == nil {
-		c.Transport = ZMQ{}
+		c.Transport = ZMQ{Dialer: c.Dialer}
 	}
 	m := NewMetrics()
 	if c.Registerer != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/store"
@@ -19,6 +20,7 @@ type ingestConfig struct {
 	redis         store.Config
 	metricsListen string
 	ing           ingestor.Config
+	allowCIDRs    prefixList
 	log           logConfig
 }
 
@@ -38,6 +40,7 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 	fs.DurationVar(&c.ing.SweepInterval, "sweep-interval", 5*time.Second, "how often expired load leases are released")
 	fs.DurationVar(&c.ing.PurgeGrace, "purge-grace", 2*time.Minute, "how long a replica stays unhealthy before its index entries are purged")
 	fs.DurationVar(&c.ing.StallTimeout, "stall-timeout", 30*time.Second, "silence after which an event stream is flagged and redialled")
+	fs.Var(&c.allowCIDRs, "allow-replica-cidrs", "comma-separated `prefixes` the ingestor may connect to although refused by default (link-local, metadata services); give serve's value")
 	fs.StringVar(&c.log.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&c.log.format, "log-format", "text", "log `format`: text or json")
 	fs.Usage = flagUsage(fs, stderr, "ingest", "Follows every registered replica's KV-cache events into Redis. Run several: they share the replicas by leases.\n")
@@ -74,5 +77,6 @@ func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	return app.RunIngest(ctx, app.IngestConfig{Redis: c.redis, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log})
+	return app.RunIngest(ctx, app.IngestConfig{Redis: c.redis, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log,
+		ReplicaPolicy: kvroute.AddressPolicy{Allow: c.allowCIDRs}})
 }

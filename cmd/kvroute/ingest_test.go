@@ -34,6 +34,12 @@ func TestParseIngest(t *testing.T) {
 					t.Errorf("got url %q bind %q", c.redis.URL, c.ing.Bind)
 				}
 			}},
+		{name: "replica cidrs from env", env: map[string]string{"KVROUTE_REDIS_URL": "redis://r:6379", "KVROUTE_ALLOW_REPLICA_CIDRS": "169.254.0.0/16"},
+			check: func(t *testing.T, c ingestConfig) {
+				if len(c.allowCIDRs) != 1 || c.allowCIDRs[0].String() != "169.254.0.0/16" {
+					t.Errorf("got allowed %v, want [169.254.0.0/16]", c.allowCIDRs)
+				}
+			}},
 		{name: "bad duration", args: []string{"--redis-url", "redis://x:1", "--purge-grace", "soon"}, wantErr: "purge-grace"},
 		{name: "stray argument", args: []string{"--redis-url", "redis://x:1", "now"}, wantErr: "unexpected arguments"},
 	}

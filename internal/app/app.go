@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
@@ -65,6 +66,12 @@ type Config struct {
 	ReplicaPolicy   kvroute.AddressPolicy
 	MaxOutputTokens int
 	ProxyRetries    int
+	// Dialer makes every connection to a replica: the proxy's, remote
+	// tokenization's and the embedded ingestor's (probes, ZeroMQ). Nil
+	// means dialer.New(ReplicaPolicy, Logger); tests give one with an
+	// injected resolver, whose Policy is then the one enforced at connect
+	// time (ReplicaPolicy still checks registrations).
+	Dialer *dialer.Dialer
 	// ShutdownTimeout bounds the graceful drain of in-flight requests
 	// (proxied streams included) on Stop; default 10s.
 	ShutdownTimeout time.Duration
@@ -106,6 +113,8 @@ type App struct {
 	Registry *prometheus.Registry
 	API      *api.Server
 	Prompts  *prompt.Resolver
+	// Dialer is Config.Dialer or the one built from ReplicaPolicy.
+	Dialer *dialer.Dialer
 
 	srv      *http.Server
 	ln       net.Listener
@@ -139,7 +148,10 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 	if cfg.FailDelay <= 0 {
 		cfg.FailDelay = 2 * time.Second
 	}
-	a := &App{cfg: cfg, log: cfg.Logger, stop: make(chan struct{})}
+	if cfg.Dialer == nil {
+		cfg.Dialer = dialer.New(cfg.ReplicaPolicy, cfg.Logger.With("component", "dialer"))
+	}
+	a := &App{cfg: cfg, log: cfg.Logger, stop: make(chan struct{}), Dialer: cfg.Dialer}
 	defer func() {
 		if err != nil && a.Store != nil {
 			_ = a.Store.Close()
@@ -222,6 +234,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		Timeout:           cfg.RequestTimeout,
 		Access:            cfg.Access,
 		ReplicaPolicy:     cfg.ReplicaPolicy,
+		Transport:         a.Dialer.Transport(),
 		MaxOutputTokens:   cfg.MaxOutputTokens,
 		ProxyRetries:      cfg.ProxyRetries,
 		Registerer:        a.Registry,

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/store"
@@ -32,8 +34,12 @@ type IngestConfig struct {
 	// a free port.
 	MetricsListen string
 	// Ingestor is the ingestor's configuration; its Store, Registerer
-	// and (when nil) Logger are filled here.
+	// and (when nil) Logger and Dialer are filled here.
 	Ingestor ingestor.Config
+	// ReplicaPolicy says which addresses the ingestor may connect to
+	// (probes, scrapes, ZeroMQ), as serve's does; the zero value is the
+	// default policy. It builds the Dialer when Ingestor.Dialer is nil.
+	ReplicaPolicy kvroute.AddressPolicy
 	// Logger receives every component's logs; nil discards them.
 	Logger *slog.Logger
 	// Listening, when not nil, is told the metrics server's address once
@@ -76,6 +82,9 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 	ic.Store, ic.Registerer = st, reg
 	if ic.Logger == nil {
 		ic.Logger = log
+	}
+	if ic.Dialer == nil {
+		ic.Dialer = dialer.New(c.ReplicaPolicy, log.With("component", "dialer"))
 	}
 	in, err := ingestor.New(ic)
 	if err != nil {

@@ -66,7 +66,7 @@ func (a *App) buildPrompts(t Tokenizers) (*prompt.Resolver, error) {
 	}
 	cfg := prompt.Config{Models: models, ShadowRate: t.ShadowRate, Logger: a.log.With("component", "prompt"), Registerer: a.Registry}
 	if !t.NoRemote {
-		rc, err := remote.New(remote.Config{Replicas: a.Router.Fleet, Timeout: t.RemoteTimeout})
+		rc, err := remote.New(remote.Config{Replicas: a.Router.Fleet, Timeout: t.RemoteTimeout, Transport: a.Dialer.Transport()})
 		if err != nil {
 			return nil, err
 		}

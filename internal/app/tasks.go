@@ -18,11 +18,15 @@ import (
 
 // Ingest runs an ingestor over the app's own store: the embedded mode,
 // where one process both serves decisions and follows the replicas'
-// events. Its metrics join the app's /metrics.
+// events. Its metrics join the app's /metrics; it dials replicas through
+// the app's Dialer unless cfg names its own.
 func Ingest(cfg ingestor.Config) Task {
 	return Task{Name: "ingestor", Run: func(ctx context.Context, a *App) error {
 		cfg.Store = a.Store
 		cfg.Registerer = a.Registry
+		if cfg.Dialer == nil {
+			cfg.Dialer = a.Dialer
+		}
 		if cfg.Logger == nil {
 			cfg.Logger = a.log.With("component", "ingestor")
 		}

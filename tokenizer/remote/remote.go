@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/dialer"
 )
 
 // Config wires a Client.
@@ -26,7 +27,10 @@ type Config struct {
 	// Replicas lists the routable replicas of a model; required. The
 	// router's cached registry answers it without a store round trip.
 	Replicas func(ctx context.Context, model string) ([]kvroute.Replica, error)
-	// Transport carries the calls; nil means http.DefaultTransport.
+	// Transport carries the calls. Nil means one connecting through
+	// dialer.New(kvroute.AddressPolicy{}, nil), so that a replica's name
+	// resolving to a metadata service is refused under the default policy;
+	// kvroute passes one enforcing the operator's policy.
 	Transport http.RoundTripper
 	// Timeout bounds one call, attempts included; zero means 2 s. A
 	// tokenization slower than that costs the decision more than the
@@ -56,7 +60,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("remote: Config.Replicas is required")
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = http.DefaultTransport
+		cfg.Transport = dialer.New(kvroute.AddressPolicy{}, nil).Transport()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
