@@ -51,6 +51,8 @@ const (
 // declared here, where it is used, so that api depends on no store package
 // and its tests run on an in-memory fake.
 type Registry interface {
+	// PutReplica adds or replaces a replica (PUT /v1/replicas/{id}); r is
+	// validated before it gets here.
 	PutReplica(ctx context.Context, r kvroute.Replica) error
 	// GetReplica returns an error wrapping kvroute.ErrNotFound when id is
 	// not registered.
@@ -59,6 +61,7 @@ type Registry interface {
 	// it returns an error wrapping kvroute.ErrNotFound when id is not
 	// registered.
 	DeleteReplica(ctx context.Context, id string) error
+	// ListReplicas returns every registered replica, sorted by ID.
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
 	// Stats describes what the index holds for one replica of model.
 	Stats(ctx context.Context, model, id string) (kvroute.ReplicaStats, error)

@@ -19,6 +19,9 @@ import (
 // Prompts turns a client's prompt (token ids, text or chat messages) into
 // the token ids the engine will compute; *prompt.Resolver is one.
 type Prompts interface {
+	// Resolve returns the prompt's token ids, or a cache-blind result
+	// saying why there are none; an error is the client's (a chat the
+	// template refuses).
 	Resolve(ctx context.Context, in prompt.Input) (prompt.Result, error)
 	// Local reports whether model's prompts are tokenized in process,
 	// which is when forwarding kvroute's ids saves the engine work.

@@ -28,6 +28,8 @@ var ErrRefused = errors.New("refused by the replica address policy")
 
 // Resolver turns a host name into addresses; *net.Resolver is one.
 type Resolver interface {
+	// LookupNetIP returns host's addresses for network ("ip", "ip4" or
+	// "ip6"), every one of which the policy checks.
 	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 }
 

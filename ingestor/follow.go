@@ -19,10 +19,16 @@ type IndexStore interface {
 	// one atomic call, or nothing when the applied seq is first or newer
 	// (see store.Store.ApplyRun).
 	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error)
+	// AppliedSeq is the seq of the last batch the store applied for the
+	// replica (false: none), where a follower that starts or restarts
+	// resumes, so that a gap is replayed rather than skipped.
 	AppliedSeq(ctx context.Context, model, replica string) (int64, bool, error)
 	// HistoryStart is the first seq of the run that began the replica's
 	// history in the store (see store.Store.HistoryStart).
 	HistoryStart(ctx context.Context, model, replica string) (int64, bool, error)
+	// ResetReplica forgets the replica's event-fed entries and applied
+	// seq, before a rebuild from its replay buffer (the engine restarted,
+	// or the store lost what it had).
 	ResetReplica(ctx context.Context, model, replica string) error
 }
 

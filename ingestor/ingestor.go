@@ -32,15 +32,37 @@ import (
 // satisfies it.
 type Store interface {
 	IndexStore
+	// ListReplicas returns the registry, which decides what the ingestors
+	// follow.
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
+	// RegistryVersion changes with every registry change, so that an
+	// ingestor re-reads the registry only when it moved.
 	RegistryVersion(ctx context.Context) (int64, error)
+	// Acquire takes or renews the ownership lease name for owner, true
+	// while owner holds it: replicas are shared out between ingestors
+	// this way, one follower each.
 	Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error)
+	// ReleaseOwnership gives up owner's lease on name (at shutdown, or a
+	// replica gone from the registry) so that another ingestor can take it
+	// at once instead of after its ttl; another owner's lease is left.
 	ReleaseOwnership(ctx context.Context, name, owner string) error
+	// SetHealth records a probe's outcome, which decisions exclude
+	// unhealthy replicas by.
 	SetHealth(ctx context.Context, id string, h kvroute.Health, at time.Time) error
+	// SetScraped records the engine's own load from its /metrics, which
+	// corrects the booked load for clients that bypass the router.
 	SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error
+	// SetBlockSize records the block size the replica reports, which the
+	// router keys the model's requests with.
 	SetBlockSize(ctx context.Context, id string, size int) error
+	// SetFollowed records when the replica's stream was caught up (zero:
+	// nobody follows it), which tells decisions its index is complete.
 	SetFollowed(ctx context.Context, id string, since time.Time) error
+	// SweepExpired releases the model's expired leases (bookings of pods
+	// that died mid-request) and reports how many.
 	SweepExpired(ctx context.Context, model string) (int, error)
+	// PurgeReplica removes everything kept about a replica gone past its
+	// grace period: index, load and leases.
 	PurgeReplica(ctx context.Context, model, replica string) error
 }
 

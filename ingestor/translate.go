@@ -13,6 +13,8 @@ import (
 // KeyLookup resolves engine hashes the translator has not seen itself to the
 // router keys the store recorded for them. The store satisfies it.
 type KeyLookup interface {
+	// EngineKeys returns, per engine hash in order, the router key the
+	// store recorded for it and whether it had one.
 	EngineKeys(ctx context.Context, model, replica string, engineHashes []uint64) ([]kvroute.BlockKey, []bool, error)
 }
 

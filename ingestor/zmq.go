@@ -22,7 +22,9 @@ import (
 // Stream is an open subscription. Recv blocks until a message arrives or
 // the stream is closed; Close unblocks it.
 type Stream interface {
+	// Recv returns the next message's frames (topic, seq, payload).
 	Recv() ([][]byte, error)
+	// Close ends the subscription and unblocks a Recv in progress.
 	Close() error
 }
 

@@ -13,12 +13,16 @@ import (
 // Encoder turns text into token ids; *tokenizer.Tokenizer and
 // *tokenizer.Cache are Encoders.
 type Encoder interface {
+	// Encode tokenizes text, with the tokenizer's special tokens (its
+	// post-processor: BOS and the like) when addSpecialTokens is set.
 	Encode(text string, addSpecialTokens bool) ([]uint32, error)
 }
 
 // Renderer renders a chat request to the prompt text the engine
 // tokenizes; *template.Template is a Renderer.
 type Renderer interface {
+	// Render applies the chat template to req's messages, tools and
+	// options; an error the template raises is the client's.
 	Render(req template.Request) (template.Result, error)
 }
 

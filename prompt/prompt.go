@@ -82,6 +82,8 @@ type Result struct {
 // Remote tokenizes on one of the model's replicas (vLLM's /tokenize or
 // render endpoints). It is declared here, where it is used.
 type Remote interface {
+	// Tokenize returns the token ids a replica of req's model computes for
+	// its prompt; an error makes the decision cache-blind, never wrong.
 	Tokenize(ctx context.Context, req kvroute.TokenizeRequest) ([]uint32, error)
 }
 

@@ -45,7 +45,13 @@ type Index interface {
 	ReserveBest(ctx context.Context, lease kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error)
 	// RecordApprox remembers that replica was sent these keys.
 	RecordApprox(ctx context.Context, model, replica string, keys []kvroute.BlockKey) error
+	// Advance reports a request's first token: its prefill is done, so the
+	// prefill its lease booked is released and the decode stays booked.
+	// It reports whether anything changed (false for an unknown, released
+	// or already advanced request).
 	Advance(ctx context.Context, requestID string) (bool, error)
+	// Release ends a request: everything its lease booked is released.
+	// It reports false for an unknown or already released request.
 	Release(ctx context.Context, requestID string) (bool, error)
 	// Loads returns, per replica in order, the load booked on it: a
 	// decision whose booking lost a race re-reads them all before it
@@ -66,6 +72,8 @@ type RequestIDMinter interface {
 
 // Registry lists the fleet.
 type Registry interface {
+	// ListReplicas returns every registered replica; decisions cache it
+	// for Config.RegistryTTL and route over the last copy when it fails.
 	ListReplicas(ctx context.Context) ([]kvroute.Replica, error)
 }
 

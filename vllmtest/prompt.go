@@ -15,6 +15,8 @@ import (
 // particular tokenizer; *tokenizer.Tokenizer and *tokenizer.Cache are
 // Encoders.
 type Encoder interface {
+	// Encode tokenizes text, with special tokens when addSpecialTokens is
+	// set, as vLLM's /tokenize does.
 	Encode(text string, addSpecialTokens bool) ([]uint32, error)
 }
 
@@ -22,6 +24,7 @@ type Encoder interface {
 // tokenizes, as vLLM applies the model's chat template;
 // *template.Template is a ChatRenderer.
 type ChatRenderer interface {
+	// Render applies the chat template to a chat request.
 	Render(req template.Request) (template.Result, error)
 }
 
