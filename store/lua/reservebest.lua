@@ -2,8 +2,9 @@
 -- their loads as they are now: decisions in flight together that chose
 -- the same replica are settled here, one after another, instead of by
 -- lost races and retries. The cost is the router's kv cost (see
--- kvroute.ChoiceCost), in the same order of operations, so that on
--- unchanged loads it picks exactly what the router picked.
+-- kvroute.ChoiceCost and the function cost below), in the same order of
+-- operations, so that on unchanged loads it picks exactly what the router
+-- picked.
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
 --        request blocks, active blocks, bound, eps, not_after_ms,
@@ -58,6 +59,23 @@ if body then
   end
   return reply(2, 0)
 end
+-- cost is choice j's kv cost at its booked load p, d, q: scoring.ChoiceCostAt
+-- (scoring/settle.go) operation by operation, requests counted as
+-- scoring.ActiveRequests counts them, so that on unchanged loads it lands
+-- on the router's bits. It is the one Lua function a cost term the store
+-- settles is added to (its weight comes in ARGV, from store/reservebest.go);
+-- store's TestReserveBestSettlesAsScoring holds it equal to the Go.
+local function cost(j, p, d, q)
+  local reqs = q
+  if scraped and cur[2 * j] then
+    local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
+    if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
+  end
+  local adj = (p + blocks) - tonumber(ARGV[10 + 3 * j])
+  if adj < 0 then adj = 0 end
+  return scale * adj + (d + active) + weight * reqs
+end
+-- The cheapest wins, then the less loaded, then the earlier (scoring.Settled).
 local best, bestCost, bestBlocks, bestLoad
 for j = 1, n do
   local p, d, q, v = 0, 0, 0, 0
@@ -66,17 +84,10 @@ for j = 1, n do
     local a1, a2, a3, a4 = string.match(b, '^(%d+),(%d+),(%d+),(%d+)$')
     p, d, q, v = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
   end
-  local reqs = q
-  if scraped and cur[2 * j] then
-    local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
-    if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
-  end
-  local adj = (p + blocks) - tonumber(ARGV[10 + 3 * j])
-  if adj < 0 then adj = 0 end
-  local cost = scale * adj + (d + active) + weight * reqs
+  local c = cost(j, p, d, q)
   local l = p + d
-  if best == nil or cost < bestCost - eps or (math.abs(cost - bestCost) <= eps and l < bestBlocks - eps) then
-    best, bestCost, bestBlocks, bestLoad = j, cost, l, {p, d, q, v}
+  if best == nil or c < bestCost - eps or (math.abs(c - bestCost) <= eps and l < bestBlocks - eps) then
+    best, bestCost, bestBlocks, bestLoad = j, c, l, {p, d, q, v}
   end
 end
 if not (bestCost < bound - eps) then return reply(0, 0) end
