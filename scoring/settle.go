@@ -168,7 +168,7 @@ type kvTerms struct {
 // must land on the same bits.
 func kvCost(scale, weight float64, l Load, blocks, active, credit float64) kvTerms {
 	raw := l.Prefill + blocks
-	adjusted := math.Max(0, raw-credit)
+	adjusted := max(0, raw-credit)
 	decode := l.Decode + active
 	reqs := float64(weight * l.Requests)
 	return kvTerms{raw: raw, adjusted: adjusted, decode: decode, reqs: reqs, cost: float64(scale*adjusted) + decode + reqs}
