@@ -124,7 +124,7 @@ func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int
 	}
 	// The prefill still owed is what the cost function credited, as a
 	// booking the store settles owes it.
-	prefill := scoring.PrefillOwed(scoring.Request{Blocks: in.Blocks}, s)
+	prefill := scoring.PrefillOwed(in.Blocks, s)
 	out.Lease = kvroute.Lease{
 		RequestID: in.RequestID, Model: in.Model, Replica: in.Candidates[p].ID,
 		PrefillBlocks: prefill, DecodeBlocks: decode,

@@ -99,7 +99,7 @@ func Settle(cfg Config, req Request, res Result) (Settlement, bool) {
 	st.Choices = make([]kvroute.Choice, len(st.Cands))
 	for j, i := range st.Cands {
 		s := scores[i]
-		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: PrefillOwed(req, s), Credit: s.Credit * s.Matched}
+		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: PrefillOwed(req.Blocks, s), Credit: s.Credit * s.Matched}
 	}
 	st.Cost = kvroute.ChoiceCost{PrefillScale: cfg.PrefillLoadScale, RequestWeight: cfg.DecodeRequestWeight,
 		Blocks: float64(req.Blocks), Active: req.ActiveBlocks, Bound: bound, Eps: SettleEps}
@@ -107,11 +107,11 @@ func Settle(cfg Config, req Request, res Result) (Settlement, bool) {
 }
 
 // PrefillOwed is the prefill a booking on s's replica owes: the request's
-// blocks less what the cost credited, not the raw overlap (a host-tier or
+// prompt blocks less what the cost credited, not the raw overlap (a host-tier or
 // approximate block is worth a fraction of a GPU block there), so that the
 // booking agrees with the cost the pick was made on.
-func PrefillOwed(req Request, s Score) int64 {
-	return max(int64(req.Blocks)-int64(s.Matched), 0)
+func PrefillOwed(blocks int, s Score) int64 {
+	return max(int64(blocks)-int64(s.Matched), 0)
 }
 
 // Settled is the store's settlement in Go: the index of the choice a
