@@ -41,7 +41,8 @@ const SettleEps = 1e-9
 // constants because ChoiceCost carries them; the other policies' fields
 // never enter the kv cost. CreditDecay is refused at any value but 0: the
 // credit it decays depends on every candidate's load, not only the
-// chosen one's.
+// chosen one's. (The comparison with Config{} needs Config comparable: a
+// field that is not fails to compile here, also the moment to look.)
 func Settleable(cfg Config) bool {
 	if cfg.Policy != PolicyKV && cfg.Policy != "" {
 		return false
