@@ -140,7 +140,7 @@ func Settled(c kvroute.ChoiceCost, choices []kvroute.Choice, loads []kvroute.Loa
 // replica (the same function, so the same bits) with the request's terms
 // and the choice's credit as Settle fixed them.
 func ChoiceCostAt(c kvroute.ChoiceCost, ch kvroute.Choice, l kvroute.Load) float64 {
-	return kvCost(c.PrefillScale, c.RequestWeight, loadOf(l), c.Blocks, c.Active, ch.Credit).cost
+	return kvCost(c.PrefillScale, c.RequestWeight, LoadOf(l), c.Blocks, c.Active, ch.Credit).cost
 }
 
 // ActiveRequests is the requests a replica is charged for: the larger of
@@ -151,8 +151,8 @@ func ActiveRequests(l kvroute.Load) float64 {
 	return float64(max(l.Requests, l.Running+l.Waiting))
 }
 
-// loadOf is what scoring sees of a replica's stored load.
-func loadOf(l kvroute.Load) Load {
+// LoadOf is what scoring sees of a replica's stored load.
+func LoadOf(l kvroute.Load) Load {
 	return Load{Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: ActiveRequests(l)}
 }
 

@@ -119,7 +119,7 @@ func settleTrial(t *testing.T, e *env, rng *rand.Rand, cfg scoring.Config, trial
 	for i, r := range reps {
 		gpu := rng.IntN(blocks + 1)
 		cands[i] = scoring.Candidate{ID: r, Routable: rng.IntN(6) > 0, GPU: gpu, Any: gpu + rng.IntN(blocks-gpu+1),
-			Approx: rng.IntN(blocks + 1), Load: scoringLoad(loads[i])}
+			Approx: rng.IntN(blocks + 1), Load: scoring.LoadOf(loads[i])}
 	}
 	res, err := scoring.Pick(cfg, req, cands, rng)
 	if err != nil {
@@ -142,7 +142,7 @@ func settleTrial(t *testing.T, e *env, rng *rand.Rand, cfg scoring.Config, trial
 	if moved = rng.IntN(2) == 0; moved {
 		loads = bookOthers(t, e, mem, rng, reps, blocks, trial)
 		for i := range cands {
-			cands[i].Load = scoringLoad(loads[i])
+			cands[i].Load = scoring.LoadOf(loads[i])
 		}
 		if res, err = scoring.Pick(cfg, req, cands, rng); err != nil {
 			t.Fatal(err)
@@ -236,11 +236,6 @@ func bookFleet(t *testing.T, e *env, rng *rand.Rand, trial int) ([]string, []kvr
 		mem.SetLoad(r, loads[i])
 	}
 	return reps, loads, mem
-}
-
-// scoringLoad is a stored load as the router scores it.
-func scoringLoad(l kvroute.Load) scoring.Load {
-	return scoring.Load{Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: scoring.ActiveRequests(l)}
 }
 
 // pick is loads[i] for each i of idx, in order.

@@ -22,16 +22,20 @@ local scale, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local blocks, active = tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, eps = tonumber(ARGV[8]), tonumber(ARGV[9])
 local late = tonumber(ARGV[10])
+-- head is how many ARGV come before the choices: choice j's replica,
+-- prefill and credit are ARGV[head + 3j - 2 .. head + 3j]. A settled cost
+-- term's weight goes after not_after_ms, and head grows by one.
+local head = 10
 if late > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
 end
-local n = (#ARGV - 10) / 3
+local n = (#ARGV - head) / 3
 -- Scraped requests count only with a request weight.
 local scraped = weight ~= 0
 local fields = {}
 for j = 1, n do
-  local R = ARGV[8 + 3 * j]
+  local R = ARGV[head + 3 * j - 2]
   if scraped then
     fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
   else
@@ -55,7 +59,7 @@ local body = redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
-    if ARGV[8 + 3 * j] == R then return reply(2, j) end
+    if ARGV[head + 3 * j - 2] == R then return reply(2, j) end
   end
   return reply(2, 0)
 end
@@ -63,7 +67,8 @@ end
 -- (scoring/settle.go) operation by operation, requests counted as
 -- scoring.ActiveRequests counts them, so that on unchanged loads it lands
 -- on the router's bits. It is the one Lua function a cost term the store
--- settles is added to (its weight comes in ARGV, from store/reservebest.go);
+-- settles is added to (its weight comes in ARGV, from store/reservebest.go,
+-- and read with the others above);
 -- store's TestReserveBestSettlesAsScoring holds it equal to the Go.
 local function cost(j, p, d, q)
   local reqs = q
@@ -71,7 +76,7 @@ local function cost(j, p, d, q)
     local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
     if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
   end
-  local adj = (p + blocks) - tonumber(ARGV[10 + 3 * j])
+  local adj = (p + blocks) - tonumber(ARGV[head + 3 * j])
   if adj < 0 then adj = 0 end
   return scale * adj + (d + active) + weight * reqs
 end
@@ -91,7 +96,7 @@ for j = 1, n do
   end
 end
 if not (bestCost < bound - eps) then return reply(0, 0) end
-local R, pre = ARGV[8 + 3 * best], tonumber(ARGV[9 + 3 * best])
+local R, pre = ARGV[head + 3 * best - 2], tonumber(ARGV[head + 3 * best - 1])
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
 redis.call('HSET', KEYS[1], R, value)
