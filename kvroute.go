@@ -179,7 +179,8 @@ type Choice struct {
 // The cheapest by more than Eps wins, then the least loaded (P + D) by
 // more than Eps, then the earliest choice. Bound is the cost the winner
 // must stay under by Eps (the cheapest replica left out of the choices,
-// as last read); nothing is booked otherwise.
+// as last read); nothing is booked otherwise. scoring.Settle builds it
+// and scoring.Settled evaluates it in Go.
 type ChoiceCost struct {
 	PrefillScale, RequestWeight float64
 	Blocks, Active              float64

@@ -35,21 +35,7 @@ const (
 // caller answers degraded).
 func (r *Router) book(ctx context.Context, model string, in Input, loads []kvroute.Load, ids []string, tm *Stages) (Outcome, error) {
 	started := r.now()
-	decide := func() (Outcome, error) {
-		_, st := r.stage(ctx, "kvroute.scoring", &tm.Scoring)
-		r.mu.Lock()
-		out, err := Decide(r.cfg, in, r.rng)
-		r.mu.Unlock()
-		st.end(err)
-		if errors.Is(err, scoring.ErrNoCandidate) {
-			return out, fmt.Errorf("router: model %q: every replica is unhealthy: %w", model, kvroute.ErrNoReplica)
-		}
-		if err != nil {
-			return out, fmt.Errorf("router: %w", err)
-		}
-		return out, nil
-	}
-	out, err := decide()
+	out, err := r.decide(ctx, model, in, tm)
 	if err != nil {
 		return out, err
 	}
@@ -68,21 +54,11 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
 			ifVersion, within, slackDue = -1, nil, false
 		}
-		if cands, choices, cost, ok := r.settle(in, out); ok && ifVersion >= 0 {
+		if st, ok := r.settle(in, out); ok && ifVersion >= 0 {
 			// The store books the cheapest of the pick and its nearest
 			// rivals by their loads as they are (settle.go).
-			j, err := r.reserveBest(ctx, in, loads, out, cands, choices, cost, attempt, tm)
-			switch {
-			case err != nil:
-				return out, reserveErr(err)
-			case j == p:
-				return out, nil
-			case j >= 0:
-				o, err := DecideAs(r.cfg, in, j)
-				if err != nil {
-					return out, fmt.Errorf("router: %w", err)
-				}
-				return o, nil
+			if o, done, err := r.bookSettled(ctx, in, loads, out, st, attempt, tm); done {
+				return o, err
 			}
 			// The cheapest of them was not under the cheapest left out:
 			// read every load and score again.
@@ -104,7 +80,7 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 			// others' loads only grow), book it again at once.
 			loads[p] = cur
 			in.Candidates[p].Load = scoringLoad(cur)
-			if out, err = decide(); err != nil {
+			if out, err = r.decide(ctx, model, in, tm); err != nil {
 				return out, err
 			}
 			if out.Pick == p {
@@ -119,23 +95,71 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		// The pick moves: every candidate's load may have moved, not only
 		// this one's. Re-read them all and score again, so that the burst
 		// places as the same decisions made one after another would.
-		lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
-		sctx, cancel := r.storeCtx(lctx)
-		fresh, err := r.idx.Loads(sctx, model, ids)
-		cancel()
-		st.end(err)
-		if err != nil || len(fresh) != len(loads) {
+		fresh, ok := r.reread(ctx, model, in, ids, len(loads), tm)
+		if !ok {
 			continue // book the pick made on what is known
 		}
 		loads = fresh
-		for i := range in.Candidates {
-			in.Candidates[i].Load = scoringLoad(loads[i])
-		}
-		if out, err = decide(); err != nil {
+		if out, err = r.decide(ctx, model, in, tm); err != nil {
 			return out, err
 		}
 		slackDue = true
 	}
+}
+
+// decide scores in, as the decision's scoring stage.
+func (r *Router) decide(ctx context.Context, model string, in Input, tm *Stages) (Outcome, error) {
+	_, st := r.stage(ctx, "kvroute.scoring", &tm.Scoring)
+	r.mu.Lock()
+	out, err := Decide(r.cfg, in, r.rng)
+	r.mu.Unlock()
+	st.end(err)
+	if errors.Is(err, scoring.ErrNoCandidate) {
+		return out, fmt.Errorf("router: model %q: every replica is unhealthy: %w", model, kvroute.ErrNoReplica)
+	}
+	if err != nil {
+		return out, fmt.Errorf("router: %w", err)
+	}
+	return out, nil
+}
+
+// reread reads every candidate's load again and writes it to in; ok is
+// false when the store did not answer n of them, and the booking goes on
+// with what is known.
+func (r *Router) reread(ctx context.Context, model string, in Input, ids []string, n int, tm *Stages) ([]kvroute.Load, bool) {
+	lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
+	sctx, cancel := r.storeCtx(lctx)
+	fresh, err := r.idx.Loads(sctx, model, ids)
+	cancel()
+	st.end(err)
+	if err != nil || len(fresh) != n {
+		return nil, false
+	}
+	for i := range in.Candidates {
+		in.Candidates[i].Load = scoringLoad(fresh[i])
+	}
+	return fresh, true
+}
+
+// bookSettled leaves the booking to the store and answers the Outcome of
+// what it booked. done is false when it booked nothing (the cheapest of
+// the choices was not under the cheapest left out); the loads it found
+// are then in loads and in.
+func (r *Router) bookSettled(ctx context.Context, in Input, loads []kvroute.Load, out Outcome, st scoring.Settlement, attempt int, tm *Stages) (o Outcome, done bool, err error) {
+	j, err := r.reserveBest(ctx, in, loads, out, st, attempt, tm)
+	switch {
+	case err != nil:
+		return out, true, reserveErr(err)
+	case j == out.Pick:
+		return out, true, nil
+	case j >= 0:
+		o, err := DecideAs(r.cfg, in, j)
+		if err != nil {
+			return out, true, fmt.Errorf("router: %w", err)
+		}
+		return o, true, nil
+	}
+	return out, false, nil
 }
 
 // reserve books out's lease on its pick, on the load's version as scored
@@ -160,11 +184,12 @@ func (r *Router) reserve(ctx context.Context, out Outcome, ifVersion int64, with
 // candidate it booked (an index of in.Candidates), or -1 when it booked
 // none. The loads the store found are written to loads and in: they are
 // the freshest there are.
-func (r *Router) reserveBest(ctx context.Context, in Input, loads []kvroute.Load, out Outcome, cands []int, choices []kvroute.Choice, cost kvroute.ChoiceCost, attempt int, tm *Stages) (int, error) {
+func (r *Router) reserveBest(ctx context.Context, in Input, loads []kvroute.Load, out Outcome, settle scoring.Settlement, attempt int, tm *Stages) (int, error) {
+	cands, choices := settle.Cands, settle.Choices
 	rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
 	sctx, cancel := r.storeCtx(rctx)
 	defer cancel()
-	j, cur, err := r.idx.ReserveBest(sctx, out.Lease, choices, cost)
+	j, cur, err := r.idx.ReserveBest(sctx, out.Lease, choices, settle.Cost)
 	booked := ""
 	if err == nil && j >= 0 && j < len(choices) {
 		booked = choices[j].Replica

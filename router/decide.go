@@ -122,14 +122,12 @@ func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int
 	if s.Approx > out.Matched {
 		out.Matched, out.Approximate = s.Approx, true
 	}
-	// The prefill still owed is what the cost function credited, not the
-	// raw overlap: a host-tier or approximate block is worth a fraction of
-	// a GPU block there, and the booking must agree with the cost the pick
-	// was made on.
-	prefill := int64(in.Blocks) - int64(s.Matched)
+	// The prefill still owed is what the cost function credited, as a
+	// booking the store settles owes it.
+	prefill := scoring.PrefillOwed(in.Blocks, s)
 	out.Lease = kvroute.Lease{
 		RequestID: in.RequestID, Model: in.Model, Replica: in.Candidates[p].ID,
-		PrefillBlocks: max(prefill, 0), DecodeBlocks: decode,
+		PrefillBlocks: prefill, DecodeBlocks: decode,
 		Expires: in.Now.Add(LeaseTTL(cfg, in.PromptTokens, maxTokens)),
 	}
 	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
@@ -139,10 +137,7 @@ func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int
 // scoringInput is what scoring sees of a decision's input, and the
 // output-token count and decode booking Decide derives from it.
 func scoringInput(cfg Config, in Input) (scoring.Config, scoring.Request, []scoring.Candidate, int, int64) {
-	sc := cfg.Scoring
-	if in.Policy != "" {
-		sc.Policy = in.Policy
-	}
+	sc := scoringConfig(cfg, in)
 	maxTokens := in.MaxTokens
 	if maxTokens <= 0 {
 		maxTokens = cfg.MaxTokens
@@ -160,6 +155,16 @@ func scoringInput(cfg Config, in Input) (scoring.Config, scoring.Request, []scor
 	}
 	sreq := scoring.Request{Blocks: in.Blocks, ActiveBlocks: float64(decode), SessionID: in.SessionID, Counter: in.Counter}
 	return sc, sreq, cands, maxTokens, decode
+}
+
+// scoringConfig is the scoring configuration a decision is made under: the
+// router's, with the request's policy when it names one.
+func scoringConfig(cfg Config, in Input) scoring.Config {
+	sc := cfg.Scoring
+	if in.Policy != "" {
+		sc.Policy = in.Policy
+	}
+	return sc
 }
 
 // MaxSlack bounds Slack's answer.

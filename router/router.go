@@ -502,7 +502,7 @@ func scoringLoad(l kvroute.Load) scoring.Load {
 	return scoring.Load{
 		Prefill:  float64(l.PrefillBlocks),
 		Decode:   float64(l.DecodeBlocks),
-		Requests: float64(max(l.Requests, l.Running+l.Waiting)),
+		Requests: scoring.ActiveRequests(l),
 	}
 }
 

@@ -309,8 +309,8 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 
 var keepScores = sync.Pool{New: func() any { return new([]Score) }}
 
-// costs fills every candidate's kv cost, eligible or not, so that explain
-// shows why an unroutable replica would or would not have won.
+// costs fills every candidate's kv cost (kvCost), eligible or not, so that
+// explain shows why an unroutable replica would or would not have won.
 func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 	minPrefill := math.Inf(1)
 	for _, c := range cands {
@@ -329,19 +329,11 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 			excess := math.Max(0, c.Load.Prefill-minPrefill) / math.Max(reqBlocks, 1)
 			credit /= 1 + cfg.CreditDecay*excess
 		}
-		// Every product is rounded on its own (an explicit conversion
-		// stops the compiler fusing it into the sum, as it does on arm64):
-		// the store's booking script computes the same cost operation by
-		// operation and must land on the same bits (reservebest.lua).
-		raw := c.Load.Prefill + reqBlocks
-		adjusted := math.Max(0, raw-float64(credit*matched))
-		decode := c.Load.Decode + req.ActiveBlocks
-		reqs := float64(cfg.DecodeRequestWeight * c.Load.Requests)
+		t := kvCost(cfg.PrefillLoadScale, cfg.DecodeRequestWeight, c.Load, reqBlocks, req.ActiveBlocks, float64(credit*matched))
 		out[i] = Score{
 			ID: c.ID, Eligible: c.Routable, Matched: matched,
 			GPU: c.GPU, Any: c.Any, Approx: c.Approx,
-			Credit: credit, RawPrefill: raw, Prefill: adjusted, Decode: decode, Requests: reqs,
-			Cost: float64(cfg.PrefillLoadScale*adjusted) + decode + reqs,
+			Credit: credit, RawPrefill: t.raw, Prefill: t.adjusted, Decode: t.decode, Requests: t.reqs, Cost: t.cost,
 		}
 	}
 }

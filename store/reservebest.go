@@ -41,6 +41,8 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 		}
 		return v
 	}
+	// The cost's constants, in the order reservebest.lua's cost function
+	// reads them (a settled cost term's weight joins them here).
 	args := make([]any, 0, 10+3*len(choices))
 	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
 		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil)

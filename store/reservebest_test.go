@@ -3,9 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -142,65 +140,6 @@ func TestReserveBestRejects(t *testing.T) {
 					t.Errorf("load of a = %+v, want nothing booked", got)
 				}
 			})
-		}
-	})
-}
-
-// TestReserveBestScoresAsScoring: on unchanged loads the script books what
-// scoring.Pick picks, over random fleets (loads, scraped requests, cached
-// prefixes, weights): the script's cost is the router's, to the bit.
-func TestReserveBestScoresAsScoring(t *testing.T) {
-	forBackends(t, func(t *testing.T, e *env) {
-		ctx := context.Background()
-		rng := rand.New(rand.NewPCG(8, 8))
-		exp := e.clk.Now().Add(time.Hour)
-		reps := replicaNames(6)
-		for trial := range 60 {
-			for i, r := range reps {
-				l := lease(fmt.Sprintf("t%d-%d", trial, i), r, rng.Int64N(200), rng.Int64N(50), exp)
-				if _, _, err := e.s.Reserve(ctx, l, -1); err != nil {
-					t.Fatal(err)
-				}
-				if rng.IntN(2) == 0 {
-					if err := e.s.SetScraped(ctx, mdl, r, rng.Int64N(5), rng.Int64N(5), 0.5); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			cfg := scoring.DefaultConfig()
-			cfg.DecodeRequestWeight = float64(rng.IntN(3))
-			cfg.PrefillLoadScale = 0.5 + rng.Float64()*2
-			blocks := 1 + rng.IntN(64)
-			req := scoring.Request{Blocks: blocks, ActiveBlocks: float64(rng.IntN(8))}
-			loads, err := e.s.Loads(ctx, mdl, reps)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cands := make([]scoring.Candidate, len(reps))
-			choices := make([]kvroute.Choice, len(reps))
-			for i, r := range reps {
-				gpu := rng.IntN(blocks + 1)
-				l := loads[i]
-				cands[i] = scoring.Candidate{ID: r, Routable: true, GPU: gpu, Any: gpu, Load: scoring.Load{
-					Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: float64(max(l.Requests, l.Running+l.Waiting))}}
-				choices[i] = kvroute.Choice{Replica: r, PrefillBlocks: int64(blocks - gpu), Credit: cfg.OverlapCredit * float64(gpu)}
-			}
-			res, err := scoring.Pick(cfg, req, cands, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The router lists its pick first.
-			p := res.Pick
-			choices[0], choices[p] = choices[p], choices[0]
-			cost := kvroute.ChoiceCost{PrefillScale: cfg.PrefillLoadScale, RequestWeight: cfg.DecodeRequestWeight,
-				Blocks: float64(blocks), Active: req.ActiveBlocks, Bound: math.Inf(1), Eps: 1e-9}
-			j, _, err := e.s.ReserveBest(ctx, lease(fmt.Sprintf("t%d-best", trial), "", 0, 1, exp), choices, cost)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if j != 0 {
-				t.Fatalf("trial %d: booked %s, scoring picked %s (scores %+v)", trial, choices[j].Replica, reps[p], res.Scores)
-			}
 		}
 	})
 }

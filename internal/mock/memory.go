@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"slices"
 	"sync"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/scoring"
 )
 
 // Memory is an in-memory stand-in for the Redis store, kept once here so
@@ -191,8 +191,9 @@ func (m *Memory) book(_ context.Context, l kvroute.Lease, ifVersion int64, withi
 	return true, cur, nil
 }
 
-// reserveBest is the store's reservebest.lua: the cheapest choice by the
-// loads as they are, ties to the less loaded, then the earlier.
+// reserveBest is the store's reservebest.lua: the choice scoring.Settled
+// settles on by the loads as they are (the same Go the router scores
+// with, not a copy of it).
 func (m *Memory) reserveBest(_ context.Context, l kvroute.Lease, choices []kvroute.Choice, c kvroute.ChoiceCost) (int, []kvroute.Load, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -211,17 +212,8 @@ func (m *Memory) reserveBest(_ context.Context, l kvroute.Lease, choices []kvrou
 		}
 		return -1, loads, nil
 	}
-	best, bestCost, bestBlocks := -1, 0.0, 0.0
-	for j, ch := range choices {
-		cur := loads[j]
-		adj := max(0, float64(cur.PrefillBlocks)+c.Blocks-ch.Credit)
-		cost := float64(c.PrefillScale*adj) + (float64(cur.DecodeBlocks) + c.Active) + float64(c.RequestWeight*float64(max(cur.Requests, cur.Running+cur.Waiting)))
-		blocks := float64(cur.PrefillBlocks + cur.DecodeBlocks)
-		if best < 0 || cost < bestCost-c.Eps || (math.Abs(cost-bestCost) <= c.Eps && blocks < bestBlocks-c.Eps) {
-			best, bestCost, bestBlocks = j, cost, blocks
-		}
-	}
-	if !(bestCost < c.Bound-c.Eps) {
+	best := scoring.Settled(c, choices, loads)
+	if best < 0 {
 		return -1, loads, nil
 	}
 	cur := loads[best]

@@ -2,8 +2,9 @@
 -- their loads as they are now: decisions in flight together that chose
 -- the same replica are settled here, one after another, instead of by
 -- lost races and retries. The cost is the router's kv cost (see
--- kvroute.ChoiceCost), in the same order of operations, so that on
--- unchanged loads it picks exactly what the router picked.
+-- kvroute.ChoiceCost and the function cost below), in the same order of
+-- operations, so that on unchanged loads it picks exactly what the router
+-- picked.
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
 --        request blocks, active blocks, bound, eps, not_after_ms,
@@ -21,16 +22,20 @@ local scale, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local blocks, active = tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, eps = tonumber(ARGV[8]), tonumber(ARGV[9])
 local late = tonumber(ARGV[10])
+-- head is how many ARGV come before the choices: choice j's replica,
+-- prefill and credit are ARGV[head + 3j - 2 .. head + 3j]. A settled cost
+-- term's weight goes after not_after_ms, and head grows by one.
+local head = 10
 if late > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
 end
-local n = (#ARGV - 10) / 3
+local n = (#ARGV - head) / 3
 -- Scraped requests count only with a request weight.
 local scraped = weight ~= 0
 local fields = {}
 for j = 1, n do
-  local R = ARGV[8 + 3 * j]
+  local R = ARGV[head + 3 * j - 2]
   if scraped then
     fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
   else
@@ -54,10 +59,28 @@ local body = redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
-    if ARGV[8 + 3 * j] == R then return reply(2, j) end
+    if ARGV[head + 3 * j - 2] == R then return reply(2, j) end
   end
   return reply(2, 0)
 end
+-- cost is choice j's kv cost at its booked load p, d, q: scoring.ChoiceCostAt
+-- (scoring/settle.go) operation by operation, requests counted as
+-- scoring.ActiveRequests counts them, so that on unchanged loads it lands
+-- on the router's bits. It is the one Lua function a cost term the store
+-- settles is added to (its weight comes in ARGV, from store/reservebest.go,
+-- and read with the others above);
+-- store's TestReserveBestSettlesAsScoring holds it equal to the Go.
+local function cost(j, p, d, q)
+  local reqs = q
+  if scraped and cur[2 * j] then
+    local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
+    if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
+  end
+  local adj = (p + blocks) - tonumber(ARGV[head + 3 * j])
+  if adj < 0 then adj = 0 end
+  return scale * adj + (d + active) + weight * reqs
+end
+-- The cheapest wins, then the less loaded, then the earlier (scoring.Settled).
 local best, bestCost, bestBlocks, bestLoad
 for j = 1, n do
   local p, d, q, v = 0, 0, 0, 0
@@ -66,21 +89,14 @@ for j = 1, n do
     local a1, a2, a3, a4 = string.match(b, '^(%d+),(%d+),(%d+),(%d+)$')
     p, d, q, v = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
   end
-  local reqs = q
-  if scraped and cur[2 * j] then
-    local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
-    if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
-  end
-  local adj = (p + blocks) - tonumber(ARGV[10 + 3 * j])
-  if adj < 0 then adj = 0 end
-  local cost = scale * adj + (d + active) + weight * reqs
+  local c = cost(j, p, d, q)
   local l = p + d
-  if best == nil or cost < bestCost - eps or (math.abs(cost - bestCost) <= eps and l < bestBlocks - eps) then
-    best, bestCost, bestBlocks, bestLoad = j, cost, l, {p, d, q, v}
+  if best == nil or c < bestCost - eps or (math.abs(c - bestCost) <= eps and l < bestBlocks - eps) then
+    best, bestCost, bestBlocks, bestLoad = j, c, l, {p, d, q, v}
   end
 end
 if not (bestCost < bound - eps) then return reply(0, 0) end
-local R, pre = ARGV[8 + 3 * best], tonumber(ARGV[9 + 3 * best])
+local R, pre = ARGV[head + 3 * best - 2], tonumber(ARGV[head + 3 * best - 1])
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
 redis.call('HSET', KEYS[1], R, value)
