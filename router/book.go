@@ -79,7 +79,7 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 			// not change which replica is cheapest, and in a burst the
 			// others' loads only grow), book it again at once.
 			loads[p] = cur
-			in.Candidates[p].Load = scoringLoad(cur)
+			in.Candidates[p].Load = scoring.LoadOf(cur)
 			if out, err = r.decide(ctx, model, in, tm); err != nil {
 				return out, err
 			}
@@ -136,7 +136,7 @@ func (r *Router) reread(ctx context.Context, model string, in Input, ids []strin
 		return nil, false
 	}
 	for i := range in.Candidates {
-		in.Candidates[i].Load = scoringLoad(fresh[i])
+		in.Candidates[i].Load = scoring.LoadOf(fresh[i])
 	}
 	return fresh, true
 }
@@ -202,7 +202,7 @@ func (r *Router) reserveBest(ctx context.Context, in Input, loads []kvroute.Load
 	if len(cur) == len(cands) {
 		for k, i := range cands {
 			loads[i] = cur[k]
-			in.Candidates[i].Load = scoringLoad(cur[k])
+			in.Candidates[i].Load = scoring.LoadOf(cur[k])
 		}
 	}
 	if booked == "" {

@@ -466,7 +466,7 @@ func (r *Router) input(d Decision, req Request, fleet []kvroute.Replica, overlap
 	for i, rep := range fleet {
 		in.Candidates[i] = Candidate{
 			ID: rep.ID, Routable: rep.Routable(), Events: rep.Events != "",
-			Overlap: overlaps[i], Load: scoringLoad(loads[i]),
+			Overlap: overlaps[i], Load: scoring.LoadOf(loads[i]),
 		}
 	}
 	return in
@@ -492,17 +492,6 @@ func (r *Router) booked(ctx context.Context, d *Decision, model string, fleet []
 	st.end(err)
 	if err != nil {
 		r.log.Warn("record approximate entries", "replica", fleet[p].ID, "err", err)
-	}
-}
-
-// scoringLoad is what scoring sees of a replica's load. Active requests are
-// the larger of what routers booked and what the engine reports running or
-// waiting, so that traffic bypassing kvroute still counts.
-func scoringLoad(l kvroute.Load) scoring.Load {
-	return scoring.Load{
-		Prefill:  float64(l.PrefillBlocks),
-		Decode:   float64(l.DecodeBlocks),
-		Requests: scoring.ActiveRequests(l),
 	}
 }
 

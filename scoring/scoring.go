@@ -1,7 +1,15 @@
 // Package scoring decides which replica serves a request. It is pure: no I/O,
-// no clock, and no randomness it is not handed. The HTTP API, the offline
-// simulator and the tests all call Pick, so there is exactly one cost
-// function in kvroute and what the simulator shows is what production does.
+// no clock, and no randomness it is not handed. The service and the offline
+// simulator reach it through router.Decide, the one decision core, so there
+// is exactly one cost function in kvroute and what the simulator shows is
+// what production does.
+//
+// The kv cost is written once in Go (kvCost, settle.go). When several pods
+// decide together the store settles their bookings by that same cost:
+// Settleable says which configurations it can settle, Settle builds what it
+// is handed, and Settled is the settlement in Go that the booking script's
+// one cost function mirrors (store/lua/reservebest.lua; held equal by
+// store's TestReserveBestSettlesAsScoring).
 package scoring
 
 import (
@@ -199,6 +207,7 @@ type Request struct {
 // Rand is the randomness scoring may use: tie-breaks and power-of-two
 // sampling. *math/rand/v2.Rand satisfies it; tests pass a seeded one.
 type Rand interface {
+	// IntN returns a uniform integer in [0, n).
 	IntN(n int) int
 }
 

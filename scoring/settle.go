@@ -151,7 +151,9 @@ func ActiveRequests(l kvroute.Load) float64 {
 	return float64(max(l.Requests, l.Running+l.Waiting))
 }
 
-// LoadOf is what scoring sees of a replica's stored load.
+// LoadOf is what scoring sees of a replica's stored load: the router and
+// the in-memory store both convert through it, so that a term added to Load
+// reaches every caller at once.
 func LoadOf(l kvroute.Load) Load {
 	return Load{Prefill: float64(l.PrefillBlocks), Decode: float64(l.DecodeBlocks), Requests: ActiveRequests(l)}
 }
