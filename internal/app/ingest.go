@@ -31,7 +31,7 @@ type IngestConfig struct {
 	// MetricsListen is the address of /metrics and /healthz; port 0 picks
 	// a free port.
 	MetricsListen string
-	// Ingestor is the ingestor's configuration; its Store, Registerer
+	// Ingestor is the ingestor's configuration; its Store, MeterProvider
 	// and (when nil) Logger are filled here.
 	Ingestor ingestor.Config
 	// Logger receives every component's logs; nil discards them.
@@ -69,11 +69,12 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := ingestTelemetry(st, reg); err != nil {
+	mp, err := ingestTelemetry(st, reg)
+	if err != nil {
 		return err
 	}
 	ic := c.Ingestor
-	ic.Store, ic.Registerer = st, reg
+	ic.Store, ic.MeterProvider = st, mp
 	if ic.Logger == nil {
 		ic.Logger = log
 	}
