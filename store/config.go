@@ -113,8 +113,11 @@ func (c Config) String() string {
 
 // NewClient builds the Redis client c describes, with the client options
 // of every kvroute process (see ClientOptions) whatever the topology: the
-// one place a kvroute Redis client is made. It does not connect.
+// one place a kvroute Redis client is made. It does not connect. From the
+// first client on, go-redis's own log lines go to the structured log of
+// the store opened last (redislog.go), not to stderr.
 func NewClient(c Config) (redis.UniversalClient, error) {
+	installRedisLog()
 	uo, err := universalOptions(c)
 	if err != nil {
 		return nil, err
@@ -217,8 +220,10 @@ func readURL(primary, read string) (string, error) {
 
 // OpenConfig connects to the Redis c describes and checks that it answers,
 // so that a bad address or password fails at startup rather than on the
-// first request.
+// first request. go-redis's own log lines (one logger per process) go to
+// opt.Logger from here on, rate-limited (redislog.go).
 func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
+	logRedisTo(opt.Logger, opt.Now)
 	rc, err := NewClient(c)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", err)
