@@ -19,7 +19,7 @@ const meterName = "github.com/kvroute/kvroute/api"
 // metrics are the API's decision series, made through the OpenTelemetry
 // metrics API; the wiring's meter provider exports them on /metrics under
 // exactly these names (suffixes included), labels and help texts, which
-// are what operators scraped when they were client_golang collectors.
+// are what operators scraped when they were Prometheus client collectors.
 // Decisions are counted here, at the edge, so that decisions taken for
 // /v1/route and for the proxy land in the same series.
 type metrics struct {
@@ -51,7 +51,7 @@ type metrics struct {
 	failovers metric.Int64Counter
 }
 
-// Histogram bounds, as the client_golang histograms had them (the
+// Histogram bounds, as the Prometheus client histograms had them (the
 // matched ratio's are prometheus.LinearBuckets(0, 0.1, 11)'s own floats,
 // summed step by step as it sums them, so that every le label is the
 // string it was: 0.30000000000000004, not 0.3).

@@ -17,8 +17,8 @@ const meterName = "github.com/kvroute/kvroute/ingestor"
 
 // Metrics are the ingestor's instruments, made through the OpenTelemetry
 // metrics API; the wiring's meter provider exports them on /metrics under
-// exactly the names, labels and help texts they had as client_golang
-// collectors. They say whether the index can be trusted: gaps, replays,
+// exactly the names, labels and help texts they had as Prometheus
+// client collectors. They say whether the index can be trusted: gaps, replays,
 // resets and orphans are the ways it drifts from what the replicas really
 // hold.
 type Metrics struct {
@@ -49,7 +49,7 @@ type Metrics struct {
 	replicaApplied *gaugeVec
 }
 
-// lagBounds are the apply-lag histogram's buckets, as the client_golang
+// lagBounds are the apply-lag histogram's buckets, as the Prometheus client
 // histogram had them.
 var lagBounds = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 
@@ -66,7 +66,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	c := func(name, help string) counter {
 		fc, err := mt.Float64Counter(prefix+name, metric.WithDescription(help))
 		errs = append(errs, err)
-		// client_golang served an unlabelled counter at 0 from the start;
+		// The Prometheus client served an unlabelled counter at 0 from the start;
 		// a first measurement of 0 keeps it served before its first event.
 		c := counter{c: fc}
 		c.Add(0)
@@ -75,7 +75,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	cv := func(name, help, label string) counterVec {
 		fc, err := mt.Float64Counter(prefix+name, metric.WithDescription(help))
 		errs = append(errs, err)
-		return counterVec{c: fc, label: label}
+		return counterVec{c: fc, label: label, series: &sync.Map{}}
 	}
 	gv := func(name, help, label string) *gaugeVec {
 		g := &gaugeVec{label: label, v: map[string]float64{}}
@@ -132,14 +132,22 @@ type counter struct {
 func (c counter) Inc()          { c.Add(1) }
 func (c counter) Add(v float64) { c.c.Add(context.Background(), v, c.opts...) }
 
-// counterVec is a counter with one label.
+// counterVec is a counter with one label. Each value's attribute set is
+// built once (series: the values are few, results and replica ids), not
+// on every batch.
 type counterVec struct {
-	c     metric.Float64Counter
-	label string
+	c      metric.Float64Counter
+	label  string
+	series *sync.Map // value -> counter
 }
 
 func (v counterVec) WithLabelValues(value string) counter {
-	return counter{c: v.c, opts: []metric.AddOption{metric.WithAttributes(attribute.String(v.label, value))}}
+	if c, ok := v.series.Load(value); ok {
+		return c.(counter)
+	}
+	c := counter{c: v.c, opts: []metric.AddOption{metric.WithAttributes(attribute.String(v.label, value))}}
+	v.series.Store(value, c)
+	return c
 }
 
 type histogram struct{ h metric.Float64Histogram }

@@ -3,6 +3,8 @@ package prompt
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -17,7 +19,7 @@ const meterName = "github.com/kvroute/kvroute/prompt"
 // metrics are the front door's instruments, made through the
 // OpenTelemetry metrics API; the wiring's meter provider exports them on
 // /metrics under the names, labels and help texts they had as
-// client_golang collectors.
+// Prometheus client collectors.
 type metrics struct {
 	prompts     counterVec
 	blind       counterVec
@@ -34,7 +36,7 @@ func newMetrics(mp metric.MeterProvider, r *Resolver) (*metrics, error) {
 	cv := func(name, help string, labels ...string) counterVec {
 		c, err := mt.Int64Counter(name, metric.WithDescription(help))
 		errs = append(errs, err)
-		return counterVec{c: c, labels: labels}
+		return counterVec{c: c, labels: labels, series: &sync.Map{}}
 	}
 	m := &metrics{
 		prompts:     cv("kvroute_prompts_total", "Prompts resolved to token ids, by model and source (given, local, remote, none).", "model", "source"),
@@ -47,10 +49,12 @@ func newMetrics(mp metric.MeterProvider, r *Resolver) (*metrics, error) {
 }
 
 // counterVec is a counter with its label names; WithLabelValues binds
-// their values in order.
+// their values in order. Each series' attribute set is built once, not
+// on every prompt.
 type counterVec struct {
 	c      metric.Int64Counter
 	labels []string
+	series *sync.Map // values joined by NUL -> counter
 }
 
 // counter is one series of a counterVec. It records without a request's
@@ -61,11 +65,17 @@ type counter struct {
 }
 
 func (v counterVec) WithLabelValues(values ...string) counter {
+	key := strings.Join(values, "\x00")
+	if c, ok := v.series.Load(key); ok {
+		return c.(counter)
+	}
 	kv := make([]attribute.KeyValue, len(v.labels))
 	for i, l := range v.labels {
 		kv[i] = attribute.String(l, values[i])
 	}
-	return counter{c: v.c, opt: metric.WithAttributes(kv...)}
+	c := counter{c: v.c, opt: metric.WithAttributes(kv...)}
+	v.series.Store(key, c)
+	return c
 }
 
 func (c counter) Inc() { c.c.Add(context.Background(), 1, c.opt) }
