@@ -23,8 +23,8 @@ const redisLogEvery = 5 * time.Second
 // code, so the shapes are few: the first line of a shape is logged, then
 // at most one every redisLogEvery, counting the lines held back.
 type redisLog struct {
-	to     atomic.Pointer[redisLogTarget]
 	mu     sync.Mutex
+	to     atomic.Pointer[redisLogTarget]
 	shapes map[string]*redisLogShape
 }
 
@@ -51,7 +51,8 @@ var (
 func installRedisLog() { installGoRedisLog.Do(func() { redis.SetLogger(goRedisLog) }) }
 
 // logRedisTo sends go-redis's lines to log (nil: discarded), spaced by
-// now's clock (nil: time.Now). The store opened last receives them.
+// now's clock (nil: time.Now). The store opened last receives them; the
+// spacing starts again, since the last clock's times are not this one's.
 func logRedisTo(log *slog.Logger, now func() time.Time) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -59,22 +60,27 @@ func logRedisTo(log *slog.Logger, now func() time.Time) {
 	if now == nil {
 		now = time.Now
 	}
+	goRedisLog.mu.Lock()
+	defer goRedisLog.mu.Unlock()
+	clear(goRedisLog.shapes)
 	goRedisLog.to.Store(&redisLogTarget{log: log, now: now})
 }
 
 // Printf is go-redis's logging interface.
 func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.mu.Lock()
 	to := l.to.Load()
 	if to == nil {
+		l.mu.Unlock()
 		return
 	}
 	now := to.now()
-	l.mu.Lock()
 	s := l.shapes[format]
+	// A clock that went back logs at once rather than never.
 	if s == nil {
 		s = &redisLogShape{}
 		l.shapes[format] = s
-	} else if now.Sub(s.last) < redisLogEvery {
+	} else if d := now.Sub(s.last); d >= 0 && d < redisLogEvery {
 		s.held++
 		l.mu.Unlock()
 		return
