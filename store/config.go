@@ -140,6 +140,7 @@ func NewReadClient(c Config) (redis.UniversalClient, error) {
 	if !c.ReadReplicas && c.ReadURL == "" {
 		return nil, nil
 	}
+	installRedisLog()
 	switch topo := c.Topology(); {
 	case c.ReadURL != "" && topo != "single":
 		return nil, fmt.Errorf("redis read URL: a %s finds its replicas itself (give read replicas, not a read URL)", topo)
