@@ -17,8 +17,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -91,15 +89,15 @@ type Config struct {
 	// request. Proxied responses themselves have no overall deadline: a
 	// long generation is not an error. Zero means DefaultTimeout.
 	Timeout time.Duration
-	// Registerer receives the registry-size collector; Gatherer serves
-	// /metrics. When both are nil a private registry is used for both, so
-	// that two Servers in one test binary do not collide.
-	Registerer prometheus.Registerer
-	Gatherer   prometheus.Gatherer
-	// MeterProvider receives the decision metrics (metrics.go), through
-	// the OpenTelemetry API; the wiring's (internal/telemetry) exports
-	// them into Registerer, so they are served on /metrics. Nil means the
-	// global provider, a no-op unless the program sets one.
+	// Metrics serves /metrics: the wiring's exposition of its meter
+	// provider (internal/app serves the Prometheus exporter's registry),
+	// behind MetricsAuth. Nil means /metrics answers 404, for an embedder
+	// that exposes its metrics elsewhere.
+	Metrics http.Handler
+	// MeterProvider receives the API's metrics (metrics.go), through the
+	// OpenTelemetry API; the wiring's (internal/telemetry) exports them
+	// into the registry Metrics serves. Nil means the global provider, a
+	// no-op unless the program sets one.
 	MeterProvider metric.MeterProvider
 	// TracerProvider makes the API's spans, and is handed to nothing
 	// else (the router has its own option). Nil means the global
@@ -198,29 +196,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
-	switch {
-	case cfg.Registerer == nil && cfg.Gatherer == nil:
-		reg := prometheus.NewRegistry()
-		cfg.Registerer, cfg.Gatherer = reg, reg
-	case cfg.Gatherer == nil:
-		if g, ok := cfg.Registerer.(prometheus.Gatherer); ok {
-			cfg.Gatherer = g
-		} else {
-			cfg.Gatherer = prometheus.DefaultGatherer
-		}
-	case cfg.Registerer == nil:
-		r, ok := cfg.Gatherer.(prometheus.Registerer)
-		if !ok {
-			return nil, errors.New("api: Config.Registerer is required when Gatherer cannot register")
-		}
-		cfg.Registerer = r
-	}
 	cfg.telemetry()
-	m, err := newMetrics(cfg.MeterProvider)
+	m, err := newMetrics(cfg.MeterProvider, cfg.Registry)
 	if err != nil {
-		return nil, fmt.Errorf("api: metrics: %w", err)
-	}
-	if err := cfg.Registerer.Register(newRegistrySize(cfg.Registry)); err != nil {
 		return nil, fmt.Errorf("api: metrics: %w", err)
 	}
 	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
@@ -261,11 +239,12 @@ func (s *Server) routes() http.Handler {
 	// Probes never need a token: orchestrators call them.
 	r.Get("/healthz", s.healthz)
 	r.Get("/readyz", s.readyz)
-	metrics := promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})
-	if s.cfg.MetricsAuth {
-		metrics = s.guard(s.admin)(metrics)
+	if metrics := s.cfg.Metrics; metrics != nil {
+		if s.cfg.MetricsAuth {
+			metrics = s.guard(s.admin)(metrics)
+		}
+		r.Method(http.MethodGet, "/metrics", metrics)
 	}
-	r.Method(http.MethodGet, "/metrics", metrics)
 
 	// The decision API and the proxy are open without API tokens; with
 	// them, an admin token opens them too.

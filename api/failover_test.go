@@ -78,7 +78,7 @@ func TestProxyFailover(t *testing.T) {
 			live := liveReplica(t)
 			reg := prometheus.NewRegistry()
 			h := newHarness(t, []kvroute.Replica{{ID: "dead", Model: "m", URL: tc.url}, {ID: "live", Model: "m", URL: live.URL()}},
-				func(c *api.Config) { c.Registerer, c.Gatherer = reg, reg })
+				withRegistry(t, reg))
 			// The live replica is busy, so the dead one wins the first
 			// decision on cost.
 			h.store.SetLoad("live", kvroute.Load{DecodeBlocks: 500, Requests: 20})

@@ -34,9 +34,10 @@ func withLocalModel(tb testing.TB, reg *prometheus.Registry) option {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	metrics := withRegistry(tb, reg)
 	return func(c *api.Config) {
 		c.Prompts = r
-		c.Registerer, c.Gatherer = reg, reg
+		metrics(c)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
@@ -51,18 +52,8 @@ func newHarness(tb testing.TB, replicas []kvroute.Replica, opts ...option) *harn
 	for _, o := range opts {
 		o(&cfg)
 	}
-	// The decision metrics go through OpenTelemetry, exported into the
-	// registry /metrics serves, as internal/app wires them.
 	if cfg.MeterProvider == nil {
-		if cfg.Registerer == nil {
-			reg := prometheus.NewRegistry()
-			cfg.Registerer, cfg.Gatherer = reg, reg
-		}
-		mp, err := telemetry.NewMeterProvider(cfg.Registerer)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		cfg.MeterProvider = mp
+		withRegistry(tb, prometheus.NewRegistry())(&cfg)
 	}
 	h, err := api.New(cfg)
 	if err != nil {
@@ -71,6 +62,20 @@ func newHarness(tb testing.TB, replicas []kvroute.Replica, opts ...option) *harn
 	srv := httptest.NewServer(h)
 	tb.Cleanup(srv.Close)
 	return &harness{store: mem, srv: srv, rt: rt}
+}
+
+// withRegistry exports the API's metrics into reg through OpenTelemetry
+// and serves reg on /metrics, as internal/app wires them.
+func withRegistry(tb testing.TB, reg *prometheus.Registry) option {
+	tb.Helper()
+	mp, err := telemetry.NewMeterProvider(reg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return func(c *api.Config) {
+		c.MeterProvider = mp
+		c.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	}
 }
 
 // keys are the block keys the router gives a prompt of model "m".

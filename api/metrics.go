@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -20,7 +19,7 @@ const meterName = "github.com/kvroute/kvroute/api"
 // metrics are the API's decision series, made through the OpenTelemetry
 // metrics API; the wiring's meter provider exports them on /metrics under
 // exactly these names (suffixes included), labels and help texts, which
-// are what operators scraped when they were client_golang collectors.
+// are what operators scraped when they were Prometheus client collectors.
 // Decisions are counted here, at the edge, so that decisions taken for
 // /v1/route and for the proxy land in the same series.
 type metrics struct {
@@ -52,18 +51,30 @@ type metrics struct {
 	failovers metric.Int64Counter
 }
 
-// Histogram bounds, as the client_golang histograms had them (the
-// matched ratio's are prometheus.LinearBuckets' own floats, so that every
-// le label is the string it was).
+// Histogram bounds, as the Prometheus client histograms had them (the
+// matched ratio's are prometheus.LinearBuckets(0, 0.1, 11)'s own floats,
+// summed step by step as it sums them, so that every le label is the
+// string it was: 0.30000000000000004, not 0.3).
 var (
 	latencyBounds = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 	stageBounds   = []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
-	matchedBounds = prometheus.LinearBuckets(0, 0.1, 11)
+	matchedBounds = linearBounds(0, 0.1, 11)
 )
 
-func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+// linearBounds is count bounds from start, width apart, each the sum of
+// the one before and width.
+func linearBounds(start, width float64, count int) []float64 {
+	b := make([]float64, count)
+	for i := range b {
+		b[i] = start
+		start += width
+	}
+	return b
+}
+
+func newMetrics(mp metric.MeterProvider, reg Registry) (*metrics, error) {
 	mt := mp.Meter(meterName)
-	var errs []error
+	errs := []error{observeRegistry(mt, reg)}
 	counter := func(name, help string) metric.Int64Counter {
 		c, err := mt.Int64Counter(name, metric.WithDescription(help))
 		errs = append(errs, err)
@@ -162,38 +173,32 @@ func (m *metrics) served(ctx context.Context, replica string, believed int, u us
 	}
 }
 
-// registrySize reports the registry's replicas by model and health at
-// scrape time, from the registry itself (bounded by a short timeout; a
+// observeRegistry reports the registry's replicas by model and health
+// at scrape time, from the registry itself (bounded by a short timeout; a
 // store that does not answer leaves the series out of that scrape).
-type registrySize struct {
-	reg  Registry
-	desc *prometheus.Desc
-}
-
-func newRegistrySize(reg Registry) *registrySize {
-	return &registrySize{reg: reg, desc: prometheus.NewDesc("kvroute_registry_replicas",
-		"Registered replicas, by model and health (healthy, unhealthy, or unknown: not probed yet).", []string{"model", "health"}, nil)}
-}
-
-func (c *registrySize) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *registrySize) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	reps, err := c.reg.ListReplicas(ctx)
-	if err != nil {
-		return
-	}
-	type key struct{ model, health string }
-	n := map[key]int{}
-	for _, r := range reps {
-		h := string(r.Health)
-		if h == "" {
-			h = "unknown"
-		}
-		n[key{r.Model, h}]++
-	}
-	for k, v := range n {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v), k.model, k.health)
-	}
+func observeRegistry(mt metric.Meter, reg Registry) error {
+	_, err := mt.Int64ObservableGauge("kvroute_registry_replicas",
+		metric.WithDescription("Registered replicas, by model and health (healthy, unhealthy, or unknown: not probed yet)."),
+		metric.WithInt64Callback(func(ctx context.Context, o metric.Int64Observer) error {
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			reps, err := reg.ListReplicas(ctx)
+			if err != nil {
+				return nil
+			}
+			type key struct{ model, health string }
+			n := map[key]int64{}
+			for _, r := range reps {
+				h := string(r.Health)
+				if h == "" {
+					h = "unknown"
+				}
+				n[key{r.Model, h}]++
+			}
+			for k, v := range n {
+				o.Observe(v, metric.WithAttributes(attribute.String("model", k.model), attribute.String("health", k.health)))
+			}
+			return nil
+		}))
+	return err
 }

@@ -53,8 +53,8 @@ type FollowerConfig struct {
 	// match request keys; zero is what kvroute's commands use unless told
 	// otherwise.
 	Seed uint64
-	// Metrics receives the follower's counters. Nil means a fresh,
-	// unregistered set, for a caller that does not export them.
+	// Metrics receives the follower's counters. Nil means a set on a
+	// no-op meter, for a caller that does not export them.
 	Metrics *Metrics
 	// Logger receives operational logs. A nil Logger discards
 	// (slog.New(slog.DiscardHandler)), as in every kvroute package.
@@ -144,7 +144,7 @@ func NewFollower(c FollowerConfig) *Follower {
 		c.Now = time.Now
 	}
 	if c.Metrics == nil {
-		c.Metrics = NewMetrics()
+		c.Metrics, _ = NewMetrics(nil) // a no-op meter makes no errors
 	}
 	return &Follower{
 		rep:         c.Replica,

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/ingestor/internal/wire"
 	"github.com/kvroute/kvroute/ingestor/kvevents"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -299,10 +300,7 @@ func TestFollowerSequencing(t *testing.T) {
 func TestFollowerStoreLost(t *testing.T) {
 	withMetrics := func(fx *followFixture, withReplay bool) *prometheus.Registry {
 		reg := prometheus.NewRegistry()
-		m := ingestor.NewMetrics()
-		if err := m.Register(reg); err != nil {
-			t.Fatal(err)
-		}
+		m := newMetrics(t, reg)
 		c := ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel}, Store: fx.st, Metrics: m}
 		if withReplay {
 			c.Replay = fx.pub.replay(&fx.replays)
@@ -454,6 +452,21 @@ func (fx *followFixture) wantCalls(t *testing.T, want int) {
 	}
 }
 
+// newMetrics is the ingestor's instruments exported into reg, as the
+// wiring exports them.
+func newMetrics(t *testing.T, reg *prometheus.Registry) *ingestor.Metrics {
+	t.Helper()
+	mp, err := telemetry.NewMeterProvider(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ingestor.NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // metric sums the samples of the named metric (histograms: their counts)
 // whose labels include label (name=value; "" matches all).
 func metric(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
@@ -486,10 +499,7 @@ func TestFollowerHandleBatches(t *testing.T) {
 	t.Run("a queue continuing the stream is one store call, each batch counted", func(t *testing.T) {
 		fx := newFollow(t, true, 0)
 		reg := prometheus.NewRegistry()
-		m := ingestor.NewMetrics()
-		if err := m.Register(reg); err != nil {
-			t.Fatal(err)
-		}
+		m := newMetrics(t, reg)
 		fx.f = ingestor.NewFollower(ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel},
 			Store: fx.st, Replay: fx.pub.replay(&fx.replays), Metrics: m})
 		fx.live(t, fx.block())

@@ -25,7 +25,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/ingestor/kvevents"
-	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Store is everything the ingestor needs from the state store; *store.Store
@@ -141,9 +141,9 @@ type Config struct {
 	// Transport opens the ZeroMQ sockets, so that tests can substitute
 	// fakes. Nil means ZMQ{Dialer: Dialer}.
 	Transport Transport
-	// Registerer receives the ingestor's metrics. Nil registers nowhere:
-	// the metrics still count, for a caller that reads them otherwise.
-	Registerer prometheus.Registerer
+	// MeterProvider receives the ingestor's metrics (metrics.go). Nil
+	// means a no-op provider: nothing is recorded.
+	MeterProvider metric.MeterProvider
 }
 
 // Ingestor follows every replica in the registry that it owns.
@@ -214,11 +214,9 @@ func New(c Config) (*Ingestor, error) {
 	if c.Transport == nil {
 		c.Transport = ZMQ{Dialer: c.Dialer}
 	}
-	m := NewMetrics()
-	if c.Registerer != nil {
-		if err := m.Register(c.Registerer); err != nil {
-			return nil, fmt.Errorf("ingestor: register metrics: %w", err)
-		}
+	m, err := NewMetrics(c.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("ingestor: metrics: %w", err)
 	}
 	in := &Ingestor{
 		c:        c,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,12 +51,16 @@ func u32s(xs []int) []uint32 {
 func startIngestor(t *testing.T, st ingestor.Store, bind string) (*ingestor.Ingestor, *prometheus.Registry, func()) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
+	mp, err := telemetry.NewMeterProvider(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	in, err := ingestor.New(ingestor.Config{
 		Store: st, Owner: "ing-1", LeaseTTL: 600 * time.Millisecond, RegistryInterval: 20 * time.Millisecond,
 		HealthInterval: 50 * time.Millisecond, MetricsInterval: 50 * time.Millisecond, SweepInterval: 50 * time.Millisecond,
 		PurgeGrace: 200 * time.Millisecond, StallTimeout: 2 * time.Second, ReplayTimeout: time.Second,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Bind: bind,
-		Rand: rand.New(rand.NewPCG(1, 2)), Registerer: reg,
+		Rand: rand.New(rand.NewPCG(1, 2)), MeterProvider: mp,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,52 +1,89 @@
 package ingestor
 
 import (
+	"context"
 	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
-// Metrics are the ingestor's Prometheus collectors. They say whether the
-// index can be trusted: gaps, replays, resets and orphans are the ways it
-// drifts from what the replicas really hold.
+// meterName is the instrumentation scope of the ingestor's instruments.
+const meterName = "github.com/kvroute/kvroute/ingestor"
+
+// Metrics are the ingestor's instruments, made through the OpenTelemetry
+// metrics API; the wiring's meter provider exports them on /metrics under
+// exactly the names, labels and help texts they had as Prometheus
+// client collectors. They say whether the index can be trusted: gaps, replays,
+// resets and orphans are the ways it drifts from what the replicas really
+// hold.
 type Metrics struct {
-	batches         *prometheus.CounterVec
-	stored          prometheus.Counter
-	removed         prometheus.Counter
-	unknownRemovals prometheus.Counter
-	gaps            prometheus.Counter
-	duplicates      prometheus.Counter
-	replays         *prometheus.CounterVec
-	replayedBatches prometheus.Counter
-	resets          *prometheus.CounterVec
-	clears          prometheus.Counter
-	decodeErrors    *prometheus.CounterVec
-	orphans         prometheus.Counter
-	skipped         *prometheus.CounterVec
-	lag             prometheus.Histogram
-	stalled         *prometheus.GaugeVec
-	dropped         prometheus.Counter
-	probes          *prometheus.CounterVec
-	scrapes         *prometheus.CounterVec
-	purges          prometheus.Counter
-	owned           prometheus.Gauge
-	swept           prometheus.Counter
+	batches         counterVec
+	stored          counter
+	removed         counter
+	unknownRemovals counter
+	gaps            counter
+	duplicates      counter
+	replays         counterVec
+	replayedBatches counter
+	resets          counterVec
+	clears          counter
+	decodeErrors    counterVec
+	orphans         counter
+	skipped         counterVec
+	lag             histogram
+	stalled         *gaugeVec
+	dropped         counter
+	probes          counterVec
+	scrapes         counterVec
+	purges          counter
+	owned           *gauge
+	swept           counter
 	// Per replica: what an operator alerts on ("no events applied for N s
 	// while traffic flows", the most common silent failure of an index).
-	replicaBatches *prometheus.CounterVec
-	replicaApplied *prometheus.GaugeVec
+	replicaBatches counterVec
+	replicaApplied *gaugeVec
 }
 
-// NewMetrics returns unregistered collectors (see Register).
-func NewMetrics() *Metrics {
-	const ns, sub = "kvroute", "ingest"
-	c := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+// lagBounds are the apply-lag histogram's buckets, as the Prometheus client
+// histogram had them.
+var lagBounds = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+
+// NewMetrics makes the ingestor's instruments on mp's meter. A nil mp
+// means a no-op provider: the ingestor records into nothing, for a caller
+// (a test, a benchmark) that does not read them.
+func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
 	}
-	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+	mt := mp.Meter(meterName)
+	const prefix = "kvroute_ingest_"
+	var errs []error
+	c := func(name, help string) counter {
+		fc, err := mt.Float64Counter(prefix+name, metric.WithDescription(help))
+		errs = append(errs, err)
+		// The Prometheus client served an unlabelled counter at 0 from the start;
+		// a first measurement of 0 keeps it served before its first event.
+		c := counter{c: fc}
+		c.Add(0)
+		return c
 	}
-	return &Metrics{
+	cv := func(name, help, label string) counterVec {
+		fc, err := mt.Float64Counter(prefix+name, metric.WithDescription(help))
+		errs = append(errs, err)
+		return counterVec{c: fc, label: label, series: &sync.Map{}}
+	}
+	gv := func(name, help, label string) *gaugeVec {
+		g := &gaugeVec{label: label, v: map[string]float64{}}
+		_, err := mt.Float64ObservableGauge(prefix+name, metric.WithDescription(help), metric.WithFloat64Callback(g.observe))
+		errs = append(errs, err)
+		return g
+	}
+	m := &Metrics{
 		batches:         cv("batches_total", "Event batches handed to the store, by result (applied, not_applied).", "result"),
 		stored:          c("blocks_stored_total", "Block references added to the index."),
 		removed:         c("blocks_removed_total", "Block references dropped from the index."),
@@ -60,42 +97,108 @@ func NewMetrics() *Metrics {
 		decodeErrors:    cv("decode_errors_total", "Messages rejected whole, by reason.", "reason"),
 		orphans:         c("orphans_total", "BlockStored events skipped because their parent hash was unknown."),
 		skipped:         cv("skipped_events_total", "Events (or offload blocks) skipped, by reason.", "reason"),
-		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "apply_lag_seconds",
-			Help:    "Time from a batch's engine timestamp to its application in the store.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}),
-		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "stream_stalled",
-			Help: "1 while a replica's event stream has been silent longer than the stall timeout.",
-		}, []string{"replica"}),
-		dropped: c("dropped_messages_total", "Messages dropped because a replica's queue was full (bind mode)."),
-		probes:  cv("health_probes_total", "Health probes by result (healthy, unhealthy).", "result"),
-		scrapes: cv("metric_scrapes_total", "Metrics scrapes by result (ok, error).", "result"),
-		purges:  c("purges_total", "Replicas purged after a grace period of unhealth or deletion."),
-		owned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "owned_replicas",
-			Help: "Replicas this ingestor holds the ownership lease of.",
-		}),
-		swept:          c("swept_leases_total", "Expired load leases released by the sweeper."),
-		replicaBatches: cv("replica_batches_applied_total", "Event batches applied to the index, by replica.", "replica"),
-		replicaApplied: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "replica_last_applied_timestamp_seconds",
-			Help: "When a batch of the replica's events was last applied (Unix seconds): alert when it falls behind while the replica serves traffic.",
-		}, []string{"replica"}),
+		stalled:         gv("stream_stalled", "1 while a replica's event stream has been silent longer than the stall timeout.", "replica"),
+		dropped:         c("dropped_messages_total", "Messages dropped because a replica's queue was full (bind mode)."),
+		probes:          cv("health_probes_total", "Health probes by result (healthy, unhealthy).", "result"),
+		scrapes:         cv("metric_scrapes_total", "Metrics scrapes by result (ok, error).", "result"),
+		purges:          c("purges_total", "Replicas purged after a grace period of unhealth or deletion."),
+		owned:           &gauge{},
+		swept:           c("swept_leases_total", "Expired load leases released by the sweeper."),
+		replicaBatches:  cv("replica_batches_applied_total", "Event batches applied to the index, by replica.", "replica"),
+		replicaApplied: gv("replica_last_applied_timestamp_seconds",
+			"When a batch of the replica's events was last applied (Unix seconds): alert when it falls behind while the replica serves traffic.", "replica"),
 	}
+	lag, err := mt.Float64Histogram(prefix+"apply_lag_seconds",
+		metric.WithDescription("Time from a batch's engine timestamp to its application in the store."),
+		metric.WithExplicitBucketBoundaries(lagBounds...))
+	m.lag = histogram{lag}
+	errs = append(errs, err)
+	_, err = mt.Float64ObservableGauge(prefix+"owned_replicas", metric.WithDescription("Replicas this ingestor holds the ownership lease of."),
+		metric.WithFloat64Callback(m.owned.observe))
+	errs = append(errs, err)
+	return m, errors.Join(errs...)
 }
 
-// Register registers every collector on reg.
-func (m *Metrics) Register(reg prometheus.Registerer) error {
-	var errs []error
-	for _, c := range []prometheus.Collector{
-		m.batches, m.stored, m.removed, m.unknownRemovals, m.gaps, m.duplicates, m.replays,
-		m.replayedBatches, m.resets, m.clears, m.decodeErrors, m.orphans, m.skipped, m.lag,
-		m.stalled, m.dropped, m.probes, m.scrapes, m.purges, m.owned, m.swept,
-		m.replicaBatches, m.replicaApplied,
-	} {
-		errs = append(errs, reg.Register(c))
+// The instruments below are recorded without a request's context: the
+// ingestor's work is background work no trace is on, and the meter takes
+// no exemplars from it.
+
+// counter is a counter with its label, if any, bound.
+type counter struct {
+	c    metric.Float64Counter
+	opts []metric.AddOption
+}
+
+func (c counter) Inc()          { c.Add(1) }
+func (c counter) Add(v float64) { c.c.Add(context.Background(), v, c.opts...) }
+
+// counterVec is a counter with one label. Each value's attribute set is
+// built once (series: the values are few, results and replica ids), not
+// on every batch.
+type counterVec struct {
+	c      metric.Float64Counter
+	label  string
+	series *sync.Map // value -> counter
+}
+
+func (v counterVec) WithLabelValues(value string) counter {
+	if c, ok := v.series.Load(value); ok {
+		return c.(counter)
 	}
-	return errors.Join(errs...)
+	c := counter{c: v.c, opts: []metric.AddOption{metric.WithAttributes(attribute.String(v.label, value))}}
+	v.series.Store(value, c)
+	return c
+}
+
+type histogram struct{ h metric.Float64Histogram }
+
+func (h histogram) Observe(v float64) { h.h.Record(context.Background(), v) }
+
+// gauge is a value read when scraped; its zero value reads 0.
+type gauge struct{ bits atomic.Uint64 }
+
+func (g *gauge) Set(v float64) { g.bits.Store(math.Float64bits(v)) }
+
+func (g *gauge) observe(_ context.Context, o metric.Float64Observer) error {
+	o.Observe(math.Float64frombits(g.bits.Load()))
+	return nil
+}
+
+// gaugeVec is a gauge with one label whose series can be deleted (a
+// replica no longer followed): it holds the values and the meter reads
+// them when scraped, since a synchronous OpenTelemetry gauge cannot
+// forget a series.
+type gaugeVec struct {
+	label string
+	mu    sync.Mutex
+	v     map[string]float64
+}
+
+// gaugeChild is one series of a gaugeVec.
+type gaugeChild struct {
+	g     *gaugeVec
+	value string
+}
+
+func (g *gaugeVec) WithLabelValues(value string) gaugeChild { return gaugeChild{g, value} }
+
+func (c gaugeChild) Set(v float64) {
+	c.g.mu.Lock()
+	c.g.v[c.value] = v
+	c.g.mu.Unlock()
+}
+
+func (g *gaugeVec) DeleteLabelValues(value string) {
+	g.mu.Lock()
+	delete(g.v, value)
+	g.mu.Unlock()
+}
+
+func (g *gaugeVec) observe(_ context.Context, o metric.Float64Observer) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for value, v := range g.v {
+		o.Observe(v, metric.WithAttributes(attribute.String(g.label, value)))
+	}
+	return nil
 }

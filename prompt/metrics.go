@@ -1,76 +1,109 @@
 package prompt
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/kvroute/kvroute/tokenizer"
 )
 
+// meterName is the instrumentation scope of the front door's instruments.
+const meterName = "github.com/kvroute/kvroute/prompt"
+
+// metrics are the front door's instruments, made through the
+// OpenTelemetry metrics API; the wiring's meter provider exports them on
+// /metrics under the names, labels and help texts they had as
+// Prometheus client collectors.
 type metrics struct {
-	prompts     *prometheus.CounterVec
-	blind       *prometheus.CounterVec
-	shadow      *prometheus.CounterVec
-	remoteCache *prometheus.CounterVec
+	prompts     counterVec
+	blind       counterVec
+	shadow      counterVec
+	remoteCache counterVec
 }
 
-func newMetrics(reg prometheus.Registerer, r *Resolver) (*metrics, error) {
+func newMetrics(mp metric.MeterProvider, r *Resolver) (*metrics, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	mt := mp.Meter(meterName)
+	var errs []error
+	cv := func(name, help string, labels ...string) counterVec {
+		c, err := mt.Int64Counter(name, metric.WithDescription(help))
+		errs = append(errs, err)
+		return counterVec{c: c, labels: labels, series: &sync.Map{}}
+	}
 	m := &metrics{
-		prompts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_prompts_total",
-			Help: "Prompts resolved to token ids, by model and source (given, local, remote, none).",
-		}, []string{"model", "source"}),
-		blind: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_prompts_cache_blind_total",
-			Help: "Prompts that could not be tokenized, so their decisions were cache-blind, by model and reason.",
-		}, []string{"model", "reason"}),
-		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_tokenizer_shadow_total",
-			Help: "Locally tokenized prompts also tokenized by a replica, by model and result (match, mismatch, error, skipped).",
-		}, []string{"model", "result"}),
-		remoteCache: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "kvroute_remote_tokenize_cache_total",
-			Help: "Lookups of the remote-tokenization cache, by result (hit, miss).",
-		}, []string{"result"}),
+		prompts:     cv("kvroute_prompts_total", "Prompts resolved to token ids, by model and source (given, local, remote, none).", "model", "source"),
+		blind:       cv("kvroute_prompts_cache_blind_total", "Prompts that could not be tokenized, so their decisions were cache-blind, by model and reason.", "model", "reason"),
+		shadow:      cv("kvroute_tokenizer_shadow_total", "Locally tokenized prompts also tokenized by a replica, by model and result (match, mismatch, error, skipped).", "model", "result"),
+		remoteCache: cv("kvroute_remote_tokenize_cache_total", "Lookups of the remote-tokenization cache, by result (hit, miss).", "result"),
 	}
-	if reg == nil {
-		return m, nil
-	}
-	for _, c := range []prometheus.Collector{m.prompts, m.blind, m.shadow, m.remoteCache, cacheCollector{r}} {
-		if err := reg.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	errs = append(errs, observeCaches(mt, r))
+	return m, errors.Join(errs...)
 }
 
-// cacheCollector exports the local tokenization caches' counters, read
-// when scraped.
-type cacheCollector struct{ r *Resolver }
-
-var (
-	descCacheHits      = prometheus.NewDesc("kvroute_tokenizer_cache_hits_total", "Text segments answered from the tokenization cache.", []string{"model"}, nil)
-	descCacheMisses    = prometheus.NewDesc("kvroute_tokenizer_cache_misses_total", "Text segments encoded and stored in the tokenization cache.", []string{"model"}, nil)
-	descCacheEvictions = prometheus.NewDesc("kvroute_tokenizer_cache_evictions_total", "Entries evicted from the tokenization cache to stay within its budget.", []string{"model"}, nil)
-	descCacheBytes     = prometheus.NewDesc("kvroute_tokenizer_cache_bytes", "Approximate bytes held by the tokenization cache.", []string{"model"}, nil)
-)
-
-func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descCacheHits
-	ch <- descCacheMisses
-	ch <- descCacheEvictions
-	ch <- descCacheBytes
+// counterVec is a counter with its label names; WithLabelValues binds
+// their values in order. Each series' attribute set is built once, not
+// on every prompt.
+type counterVec struct {
+	c      metric.Int64Counter
+	labels []string
+	series *sync.Map // values joined by NUL -> counter
 }
 
-func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
-	for name, m := range c.r.cfg.Models {
-		tc, ok := m.Encoder.(*tokenizer.Cache)
-		if !ok {
-			continue
-		}
-		st := tc.Stats()
-		ch <- prometheus.MustNewConstMetric(descCacheHits, prometheus.CounterValue, float64(st.Hits), name)
-		ch <- prometheus.MustNewConstMetric(descCacheMisses, prometheus.CounterValue, float64(st.Misses), name)
-		ch <- prometheus.MustNewConstMetric(descCacheEvictions, prometheus.CounterValue, float64(st.Evictions), name)
-		ch <- prometheus.MustNewConstMetric(descCacheBytes, prometheus.GaugeValue, float64(st.Bytes), name)
+// counter is one series of a counterVec. It records without a request's
+// context: these counts carry no exemplars.
+type counter struct {
+	c   metric.Int64Counter
+	opt metric.AddOption
+}
+
+func (v counterVec) WithLabelValues(values ...string) counter {
+	key := strings.Join(values, "\x00")
+	if c, ok := v.series.Load(key); ok {
+		return c.(counter)
 	}
+	kv := make([]attribute.KeyValue, len(v.labels))
+	for i, l := range v.labels {
+		kv[i] = attribute.String(l, values[i])
+	}
+	c := counter{c: v.c, opt: metric.WithAttributes(kv...)}
+	v.series.Store(key, c)
+	return c
+}
+
+func (c counter) Inc() { c.c.Add(context.Background(), 1, c.opt) }
+
+// observeCaches exports the local tokenization caches' counters, read
+// when scraped: the caches keep their own counts.
+func observeCaches(mt metric.Meter, r *Resolver) error {
+	hits, err1 := mt.Int64ObservableCounter("kvroute_tokenizer_cache_hits_total", metric.WithDescription("Text segments answered from the tokenization cache."))
+	misses, err2 := mt.Int64ObservableCounter("kvroute_tokenizer_cache_misses_total", metric.WithDescription("Text segments encoded and stored in the tokenization cache."))
+	evictions, err3 := mt.Int64ObservableCounter("kvroute_tokenizer_cache_evictions_total", metric.WithDescription("Entries evicted from the tokenization cache to stay within its budget."))
+	bytes, err4 := mt.Int64ObservableGauge("kvroute_tokenizer_cache_bytes", metric.WithDescription("Approximate bytes held by the tokenization cache."))
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return err
+	}
+	_, err := mt.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for name, m := range r.cfg.Models {
+			tc, ok := m.Encoder.(*tokenizer.Cache)
+			if !ok {
+				continue
+			}
+			st := tc.Stats()
+			model := metric.WithAttributes(attribute.String("model", name))
+			o.ObserveInt64(hits, int64(st.Hits), model)
+			o.ObserveInt64(misses, int64(st.Misses), model)
+			o.ObserveInt64(evictions, int64(st.Evictions), model)
+			o.ObserveInt64(bytes, int64(st.Bytes), model)
+		}
+		return nil
+	}, hits, misses, evictions, bytes)
+	return err
 }

@@ -16,7 +16,7 @@ import (
 	"math/rand/v2"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/kvroute/kvroute"
 )
@@ -111,9 +111,9 @@ type Config struct {
 	// Logger receives shadow mismatches and remote failures; nil
 	// discards them.
 	Logger *slog.Logger
-	// Registerer receives the front door's metrics; nil registers
-	// nowhere.
-	Registerer prometheus.Registerer
+	// MeterProvider receives the front door's metrics (metrics.go); nil
+	// means a no-op provider: nothing is recorded.
+	MeterProvider metric.MeterProvider
 }
 
 // Resolver is the front door. It is safe for concurrent use.
@@ -151,7 +151,7 @@ func New(cfg Config) (*Resolver, error) {
 		r.remote = newRemoteCache(cfg.RemoteCacheBytes)
 	}
 	var err error
-	if r.m, err = newMetrics(cfg.Registerer, r); err != nil {
+	if r.m, err = newMetrics(cfg.MeterProvider, r); err != nil {
 		return nil, fmt.Errorf("prompt: metrics: %w", err)
 	}
 	return r, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/mock"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/tokenizer/template"
 )
@@ -164,9 +165,13 @@ func TestShadow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rem := &remote{TokenizeFn: func(context.Context, kvroute.TokenizeRequest) ([]uint32, error) { return tc.remote, nil }}
 			reg := prometheus.NewRegistry()
+			mp, err := telemetry.NewMeterProvider(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			r := newResolver(t, prompt.Config{
 				Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}}},
-				Remote: rem, ShadowRate: 1, Rand: func() float64 { return 0 }, Registerer: reg,
+				Remote: rem, ShadowRate: 1, Rand: func() float64 { return 0 }, MeterProvider: mp,
 			})
 			got, err := r.Resolve(context.Background(), text("m", "a"))
 			if err != nil {

@@ -403,3 +403,42 @@ func monitorLine(t *testing.T, line string) (string, []string) {
 	}
 	return from, args
 }
+
+// TestClusterURL: go-redis's own cluster URL, the seeds as addr options
+// (redis://host:port?addr=host2:port2&addr=host3:port3), opens a Cluster
+// store, as the same seeds in Addrs do; what serve opens from --redis-url.
+func TestClusterURL(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	a := c.Addrs()
+	cfg := store.Config{URL: "redis://" + a[0] + "?addr=" + a[1] + "&addr=" + a[2] + "&dial_timeout=1s"}
+	if got := cfg.Topology(); got != "cluster" {
+		t.Fatalf("topology = %q, want cluster", got)
+	}
+	if got, want := cfg.String(), "cluster "+strings.Join(a, ","); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	s, err := store.OpenConfig(context.Background(), cfg, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t.Run("every primary is a failure domain", func(t *testing.T) {
+		seen := map[string]bool{}
+		for i := range 48 {
+			seen[s.FailureDomain("url-model-"+strconv.Itoa(i))] = true
+		}
+		for _, addr := range a {
+			if !seen[addr] {
+				t.Errorf("no model's domain is %s; domains %v", addr, seen)
+			}
+		}
+	})
+	t.Run("round trip", func(t *testing.T) { roundTrip(t, s, "url-replica") })
+	t.Run("seeds given twice are refused", func(t *testing.T) {
+		twice := cfg
+		twice.Addrs = a
+		if _, err := store.NewClient(twice); err == nil || !strings.Contains(err.Error(), "give them one way") {
+			t.Errorf("NewClient with addr= and Addrs = %v, want an error saying to give the seeds one way", err)
+		}
+	})
+}

@@ -26,7 +26,10 @@ type Config struct {
 	// turns TLS on), user, password, database and client options in its
 	// query (dial_timeout, read_timeout, write_timeout, max_retries,
 	// pool_size, …, which override kvroute's request-path defaults). Its
-	// host is the server, unless Addrs is set.
+	// host is the server, unless Addrs is set. go-redis's cluster form,
+	// redis://host:port?addr=host2:port2&addr=host3:port3, names several
+	// seeds, the host and each addr: a Cluster, as Addrs would (give the
+	// seeds one way, not both).
 	URL string
 	// Addrs are host:port seeds that replace the URL's host: several mean
 	// a Cluster; with MasterName they are the Sentinels.
@@ -90,7 +93,7 @@ func (c Config) Topology() string {
 	switch {
 	case c.MasterName != "":
 		return "sentinel"
-	case len(c.Addrs) > 1 || c.Cluster:
+	case len(c.Addrs) > 1 || c.Cluster || len(urlAddrs(c.URL)) > 0:
 		return "cluster"
 	}
 	return "single"
@@ -101,7 +104,7 @@ func (c Config) String() string {
 	seeds := c.Addrs
 	if len(seeds) == 0 && c.URL != "" {
 		if u, err := url.Parse(c.URL); err == nil {
-			seeds = []string{u.Host}
+			seeds = append([]string{u.Host}, urlAddrs(c.URL)...)
 		}
 	}
 	s := c.Topology() + " " + strings.Join(seeds, ",")
@@ -113,8 +116,11 @@ func (c Config) String() string {
 
 // NewClient builds the Redis client c describes, with the client options
 // of every kvroute process (see ClientOptions) whatever the topology: the
-// one place a kvroute Redis client is made. It does not connect.
+// one place a kvroute Redis client is made. It does not connect. From the
+// first client on, go-redis's own log lines go to the structured log of
+// the store opened last (redislog.go), not to stderr.
 func NewClient(c Config) (redis.UniversalClient, error) {
+	installRedisLog()
 	uo, err := universalOptions(c)
 	if err != nil {
 		return nil, err
@@ -134,6 +140,7 @@ func NewReadClient(c Config) (redis.UniversalClient, error) {
 	if !c.ReadReplicas && c.ReadURL == "" {
 		return nil, nil
 	}
+	installRedisLog()
 	switch topo := c.Topology(); {
 	case c.ReadURL != "" && topo != "single":
 		return nil, fmt.Errorf("redis read URL: a %s finds its replicas itself (give read replicas, not a read URL)", topo)
@@ -217,8 +224,10 @@ func readURL(primary, read string) (string, error) {
 
 // OpenConfig connects to the Redis c describes and checks that it answers,
 // so that a bad address or password fails at startup rather than on the
-// first request.
+// first request. go-redis's own log lines (one logger per process) go to
+// opt.Logger from here on, rate-limited (redislog.go).
 func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
+	logRedisTo(opt.Logger, opt.Now)
 	rc, err := NewClient(c)
 	if err != nil {
 		return nil, fmt.Errorf("store: open: %w", err)
@@ -252,17 +261,21 @@ func universalOptions(c Config) (*redis.UniversalOptions, error) {
 	if !c.Configured() {
 		return nil, errors.New("redis: no URL and no addresses")
 	}
+	extra := urlAddrs(c.URL)
+	if len(extra) > 0 && len(c.Addrs) > 0 {
+		return nil, errors.New("redis: seeds in both the URL (addr=) and the addresses: give them one way")
+	}
 	var o *redis.Options
 	if c.URL != "" {
 		var err error
-		if o, err = ClientOptions(c.URL); err != nil {
+		if o, err = ClientOptions(withoutAddrs(c.URL)); err != nil {
 			return nil, err
 		}
 	} else {
 		o = &redis.Options{}
 		requestPathDefaults(o, nil)
 	}
-	addrs := []string{o.Addr}
+	addrs := append([]string{o.Addr}, extra...)
 	if len(c.Addrs) > 0 {
 		addrs = c.Addrs
 	}
@@ -335,6 +348,30 @@ func universalOptions(c Config) (*redis.UniversalOptions, error) {
 	}
 	uo.TLSConfig = tc
 	return uo, nil
+}
+
+// urlAddrs are the seeds a go-redis cluster URL adds to its host, its
+// addr options; nil for any other URL (a malformed one is ClientOptions'
+// to refuse).
+func urlAddrs(rawURL string) []string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil
+	}
+	return u.Query()["addr"]
+}
+
+// withoutAddrs is rawURL without its addr options, which redis.ParseURL
+// (one server's options) refuses.
+func withoutAddrs(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil || !u.Query().Has("addr") {
+		return rawURL
+	}
+	q := u.Query()
+	q.Del("addr")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // passwordFile reads the password in path now (so that a missing secret

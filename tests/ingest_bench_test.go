@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/vllmtest"
 )
 
@@ -40,7 +41,11 @@ func BenchmarkIngest(b *testing.B) {
 			h.addReplica("r"+strconv.Itoa(i), vllmtest.Config{CapacityBlocks: 1 << 20})
 		}
 		reg := prometheus.NewRegistry()
-		ing, _ := h.startIngestor("bench", h.openStore(), func(c *ingestor.Config) { c.Registerer = reg })
+		mp, err := telemetry.NewMeterProvider(reg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ing, _ := h.startIngestor("bench", h.openStore(), func(c *ingestor.Config) { c.MeterProvider = mp })
 		h.waitOwned(ing)
 		r := rand.New(rand.NewPCG(1, 2))
 		work := make([][][]int, nRep)

@@ -16,7 +16,7 @@ import (
 // after parsing.
 func redisFlags(fs *flag.FlagSet, c *store.Config, urlUsage string) {
 	fs.StringVar(&c.URL, "redis-url", "", urlUsage)
-	fs.Var((*addrList)(&c.Addrs), "redis-addrs", "comma-separated `host:port` seeds: several mean a Redis Cluster, and with --redis-master they are Sentinels; they replace --redis-url's host (whose user, TLS and options still apply)")
+	fs.Var((*addrList)(&c.Addrs), "redis-addrs", "comma-separated `host:port` seeds: several mean a Redis Cluster, and with --redis-master they are Sentinels; they replace --redis-url's host (whose user, TLS and options still apply); or name them in --redis-url as go-redis does, redis://a:6379?addr=b:6379&addr=c:6379")
 	fs.BoolVar(&c.Cluster, "redis-cluster", false, "use the Cluster client with a single seed (a managed cluster's configuration endpoint)")
 	fs.StringVar(&c.MasterName, "redis-master", "", "Sentinel: the `name` of the primary the --redis-addrs Sentinels watch")
 	fs.StringVar(&c.Username, "redis-username", "", "ACL `user` (overrides the URL's)")

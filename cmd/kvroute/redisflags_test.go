@@ -23,6 +23,8 @@ func TestRedisFlags(t *testing.T) {
 			want: store.Config{URL: "rediss://u@r:6380/0"}, topology: "single"},
 		{name: "cluster seeds from env", env: map[string]string{"KVROUTE_REDIS_ADDRS": "a:1, b:2,c:3", "KVROUTE_REDIS_USERNAME": "kvr", "KVROUTE_REDIS_PASSWORD_FILE": "/run/pw"},
 			want: store.Config{Addrs: []string{"a:1", "b:2", "c:3"}, Username: "kvr", PasswordFile: "/run/pw"}, topology: "cluster"},
+		{name: "go-redis cluster url", args: []string{"--redis-url", "redis://a:1?addr=b:2&addr=c:3"},
+			want: store.Config{URL: "redis://a:1?addr=b:2&addr=c:3"}, topology: "cluster"},
 		{name: "repeated addrs", args: []string{"--redis-addrs", "a:1", "--redis-addrs", "b:2"},
 			want: store.Config{Addrs: []string{"a:1", "b:2"}}, topology: "cluster"},
 		{name: "one seed, cluster endpoint", args: []string{"--redis-addrs", "cfg:6379", "--redis-cluster", "--redis-tls"},

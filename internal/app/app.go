@@ -25,6 +25,7 @@ import (
 
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
@@ -207,18 +208,9 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		a.log.Info("registered replicas from file", "file", cfg.ReplicasFile, "count", len(reps))
 	}
 
-	a.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "kvroute_store_up",
-		Help: "1 while the state store answers, 0 while decisions skip it (degraded); reported apart from readiness.",
-	}, func() float64 {
-		if a.Router.StoreUp() {
-			return 1
-		}
-		return 0
-	}), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "kvroute_progress_reports_queued",
-		Help: "First-token and release reports waiting for the state store, retried in the background.",
-	}, func() float64 { return float64(a.Router.Queued()) }))
+	if err = a.observeRouter(); err != nil {
+		return nil, err
+	}
 	if a.Prompts, err = a.buildPrompts(cfg.Tokenizers); err != nil {
 		return nil, err
 	}
@@ -237,8 +229,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		Transport:         a.Dialer.Transport(),
 		MaxOutputTokens:   cfg.MaxOutputTokens,
 		ProxyRetries:      cfg.ProxyRetries,
-		Registerer:        a.Registry,
-		Gatherer:          a.Registry,
+		Metrics:           promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}),
 		MeterProvider:     a.tel.MeterProvider,
 		TracerProvider:    a.tel.TracerProvider,
 		Propagator:        a.tel.Propagator,

@@ -33,7 +33,7 @@ type IngestConfig struct {
 	// MetricsListen is the address of /metrics and /healthz; port 0 picks
 	// a free port.
 	MetricsListen string
-	// Ingestor is the ingestor's configuration; its Store, Registerer
+	// Ingestor is the ingestor's configuration; its Store, MeterProvider
 	// and (when nil) Logger and Dialer are filled here.
 	Ingestor ingestor.Config
 	// ReplicaPolicy says which addresses the ingestor may connect to
@@ -75,11 +75,12 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := ingestTelemetry(st, reg); err != nil {
+	mp, err := ingestTelemetry(st, reg)
+	if err != nil {
 		return err
 	}
 	ic := c.Ingestor
-	ic.Store, ic.Registerer = st, reg
+	ic.Store, ic.MeterProvider = st, mp
 	if ic.Logger == nil {
 		ic.Logger = log
 	}

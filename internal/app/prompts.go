@@ -64,7 +64,7 @@ func (a *App) buildPrompts(t Tokenizers) (*prompt.Resolver, error) {
 			return nil, err
 		}
 	}
-	cfg := prompt.Config{Models: models, ShadowRate: t.ShadowRate, Logger: a.log.With("component", "prompt"), Registerer: a.Registry}
+	cfg := prompt.Config{Models: models, ShadowRate: t.ShadowRate, Logger: a.log.With("component", "prompt"), MeterProvider: a.tel.MeterProvider}
 	if !t.NoRemote {
 		rc, err := remote.New(remote.Config{Replicas: a.Router.Fleet, Timeout: t.RemoteTimeout, Transport: a.Dialer.Transport()})
 		if err != nil {

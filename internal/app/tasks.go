@@ -23,7 +23,7 @@ import (
 func Ingest(cfg ingestor.Config) Task {
 	return Task{Name: "ingestor", Run: func(ctx context.Context, a *App) error {
 		cfg.Store = a.Store
-		cfg.Registerer = a.Registry
+		cfg.MeterProvider = a.tel.MeterProvider
 		if cfg.Dialer == nil {
 			cfg.Dialer = a.Dialer
 		}

@@ -2,7 +2,7 @@
 // OTEL_* environment variables: a tracer provider exporting over OTLP when
 // an endpoint is configured (a no-op one otherwise, so that an untraced
 // pod pays nothing beyond the API's no-op calls), a meter provider whose
-// Prometheus exporter serves the decision metrics on the pod's existing
+// Prometheus exporter serves every package's metrics on the pod's existing
 // /metrics under the names operators already scrape, the W3C propagators,
 // and a slog handler that stamps log lines with their trace. It is the
 // only package that imports the SDK and the exporters: api, router and
@@ -39,8 +39,8 @@ type Options struct {
 	// win over it.
 	ServiceName string
 	// Registerer receives the Prometheus exporter of the meter provider,
-	// so that OpenTelemetry instruments appear on the same /metrics as
-	// the client_golang collectors registered there.
+	// so that every package's OpenTelemetry instruments appear on the
+	// same /metrics as the Go and process collectors registered there.
 	Registerer prometheus.Registerer
 	// Getenv reads the environment; nil means os.Getenv. The OTLP
 	// exporters themselves read the process environment (endpoint,
