@@ -87,12 +87,59 @@ type Replica struct {
 	// ingestor follows it. Until then the index does not know what the
 	// replica holds, and decisions for it say so.
 	FollowedSince time.Time `json:"followed_since,omitzero"`
+	// Source says how the replica was found: empty for one registered by
+	// hand (PUT /v1/replicas, --replicas-file), else the discovery source
+	// that wrote it ("dns:<name>", "k8s:<namespace>/<service>"). A source
+	// updates and deletes only its own replicas, so that discovery never
+	// removes what an operator registered.
+	Source string `json:"source,omitempty"`
+	// State is where the replica is in its lifecycle; empty is serving.
+	State ReplicaState `json:"state,omitempty"`
+	// StateSince is when State last changed (zero: never), from which a
+	// gone replica's grace period runs.
+	StateSince time.Time `json:"state_since,omitzero"`
+	// DataParallelSize is how many data-parallel engines (vLLM's
+	// --data-parallel-size) serve behind URL, each with its own KV cache
+	// and its own event stream, their events and replay ports offset by
+	// the rank as vLLM offsets them. 0 or 1: one engine.
+	DataParallelSize int `json:"data_parallel_size,omitempty"`
 }
 
-// Routable reports whether the replica may receive traffic. A replica nobody
-// has probed yet counts as routable: a fresh deployment without an ingestor
-// must still work, and the first failed probe excludes it.
-func (r Replica) Routable() bool { return r.Health != HealthUnhealthy }
+// ReplicaState is a replica's place in its lifecycle, as its discovery
+// source reports it (a hand-registered replica is always serving).
+type ReplicaState string
+
+const (
+	// StateServing takes requests. It is the zero value.
+	StateServing ReplicaState = ""
+	// StateTerminating takes no new requests; those in flight finish (a
+	// Kubernetes endpoint that is terminating, a pod draining).
+	StateTerminating ReplicaState = "terminating"
+	// StateGone vanished from its source: it takes nothing and is purged,
+	// its bookings released, after a grace period, unless it returns.
+	StateGone ReplicaState = "gone"
+)
+
+// String names the state, "serving" for the zero value, for answers and
+// logs that must not show an empty string.
+func (s ReplicaState) String() string {
+	if s == StateServing {
+		return "serving"
+	}
+	return string(s)
+}
+
+// MaxDataParallelSize bounds a replica's data-parallel engines; vLLM's
+// deployments run a handful per node, and each one costs a follower.
+const MaxDataParallelSize = 64
+
+// Routable reports whether the replica may receive new traffic: serving,
+// and not found unhealthy. A replica nobody has probed yet counts as
+// routable: a fresh deployment without an ingestor must still work, and the
+// first failed probe excludes it.
+func (r Replica) Routable() bool {
+	return r.Health != HealthUnhealthy && r.State == StateServing
+}
 
 // Validate checks what every writer of the registry must get right: the
 // syntax and bounds of every field (validate.go). Where the addresses may

@@ -22,6 +22,13 @@ func TestReplicaValidate(t *testing.T) {
 		{"no url", func(r *kvroute.Replica) { r.URL = "" }, "url"},
 		{"negative block size", func(r *kvroute.Replica) { r.BlockSize = -1 }, "block_size"},
 		{"huge block size", func(r *kvroute.Replica) { r.BlockSize = kvroute.MaxBlockSize + 1 }, "block_size"},
+		{"terminating", func(r *kvroute.Replica) { r.State = kvroute.StateTerminating }, ""},
+		{"unknown state", func(r *kvroute.Replica) { r.State = "draining" }, "state"},
+		{"discovered", func(r *kvroute.Replica) { r.Source = "dns:vllm.default.svc" }, ""},
+		{"control character in source", func(r *kvroute.Replica) { r.Source = "dns:\x00" }, "source"},
+		{"four ranks", func(r *kvroute.Replica) { r.DataParallelSize = 4 }, ""},
+		{"negative ranks", func(r *kvroute.Replica) { r.DataParallelSize = -1 }, "data_parallel_size"},
+		{"too many ranks", func(r *kvroute.Replica) { r.DataParallelSize = kvroute.MaxDataParallelSize + 1 }, "data_parallel_size"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,6 +43,27 @@ func TestReplicaValidate(t *testing.T) {
 				t.Errorf("got %v, want a FieldError on %q", err, tt.field)
 			case tt.field != "" && fe.Field != tt.field:
 				t.Errorf("error on field %q, want %q", fe.Field, tt.field)
+			}
+		})
+	}
+}
+
+func TestReplicaRoutable(t *testing.T) {
+	tests := []struct {
+		name string
+		r    kvroute.Replica
+		want bool
+	}{
+		{"never probed", kvroute.Replica{}, true},
+		{"healthy", kvroute.Replica{Health: kvroute.HealthHealthy}, true},
+		{"unhealthy", kvroute.Replica{Health: kvroute.HealthUnhealthy}, false},
+		{"terminating", kvroute.Replica{Health: kvroute.HealthHealthy, State: kvroute.StateTerminating}, false},
+		{"gone", kvroute.Replica{State: kvroute.StateGone}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.r.Routable(); got != tt.want {
+				t.Errorf("Routable() = %v, want %v", got, tt.want)
 			}
 		})
 	}

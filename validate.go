@@ -80,6 +80,17 @@ func (r Replica) validate() error {
 	if r.BlockSize < 0 || r.BlockSize > MaxBlockSize {
 		return &FieldError{Field: "block_size", Msg: fmt.Sprintf("must be in 0..%d (0: unknown)", MaxBlockSize)}
 	}
+	switch r.State {
+	case StateServing, StateTerminating, StateGone:
+	default:
+		return &FieldError{Field: "state", Msg: fmt.Sprintf("must be %q, %q or empty (serving)", StateTerminating, StateGone)}
+	}
+	switch {
+	case len(r.Source) > MaxTopicBytes || !printable(r.Source):
+		return &FieldError{Field: "source", Msg: fmt.Sprintf("must be at most %d bytes of printable UTF-8", MaxTopicBytes)}
+	case r.DataParallelSize < 0 || r.DataParallelSize > MaxDataParallelSize:
+		return &FieldError{Field: "data_parallel_size", Msg: fmt.Sprintf("must be in 0..%d (0 or 1: one engine)", MaxDataParallelSize)}
+	}
 	return nil
 }
 
