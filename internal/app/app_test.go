@@ -421,20 +421,16 @@ func TestProxyThroughSimReplica(t *testing.T) {
 func TestReadyWaitsForDemoReplicas(t *testing.T) {
 	base := startApp(t, app.Config{Tasks: []app.Task{app.DemoReplicas(2, io.Discard)}})
 	sawStarting := false
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.UntilNil(t, "/readyz to pass", func() error {
 		code, body := call(t, http.MethodGet, base+"/readyz", "")
 		if code == http.StatusOK {
-			break
+			return nil
 		}
 		if strings.Contains(body, "demo-replicas") {
 			sawStarting = true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %d %s", code, body)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("%d %s", code, body)
+	})
 	code, body := call(t, http.MethodGet, base+"/v1/replicas", "")
 	var reps struct {
 		Replicas []json.RawMessage `json:"replicas"`
