@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // upstream is a fake vLLM replica that records what it was sent.
@@ -134,11 +135,8 @@ func TestProxyStreaming(t *testing.T) {
 		}
 		// The first-token report runs off the stream's path (a
 		// goroutine): wait for it, boundedly.
-		calls := h.store.Calls()
-		for deadline := time.Now().Add(2 * time.Second); !slices.Contains(calls, "advance "+id) && time.Now().Before(deadline); calls = h.store.Calls() {
-			time.Sleep(time.Millisecond)
-		}
-		if !slices.Contains(calls, "advance "+id) || slices.Contains(calls, "release "+id) {
+		wait.Until(t, "the first-token report", func() bool { return slices.Contains(h.store.Calls(), "advance "+id) })
+		if calls := h.store.Calls(); slices.Contains(calls, "release "+id) {
 			t.Errorf("calls mid-stream = %v, want advance and no release", calls)
 		}
 	})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // TestLocalFleet runs compose.yaml's fleet as the processes its services
@@ -89,15 +90,12 @@ func TestLocalFleet(t *testing.T) {
 	// events within a moment; until then a repeat may land anywhere.
 	var replica string
 	var matched, cached int
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		replica, matched, cached = send()
-		if (replica == first && matched > 0 && cached > 0) || time.Now().After(deadline) {
-			break
+	wait.UntilNil(t, "a cache-aware repeat", func() error {
+		if replica, matched, cached = send(); replica != first || matched == 0 || cached == 0 {
+			return fmt.Errorf("repeat went to %s with %d matched blocks and %d cached tokens; want %s, cache-aware", replica, matched, cached, first)
 		}
-	}
-	if replica != first || matched == 0 || cached == 0 {
-		t.Fatalf("repeat went to %s with %d matched blocks and %d cached tokens; want %s, cache-aware", replica, matched, cached, first)
-	}
+		return nil
+	})
 	if cached/16 != matched {
 		t.Errorf("the replica served %d cached tokens (%d blocks of 16); the router promised %d blocks", cached, cached/16, matched)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/telemetry"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,13 +24,7 @@ var _ ingestor.Store = (*store.Store)(nil)
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	wait.Until(t, what, cond)
 }
 
 func ints(from, n int) []int {

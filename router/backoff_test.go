@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/mock"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -205,19 +206,15 @@ func TestProgressByDomain(t *testing.T) {
 	ran := make(chan struct{})
 	go func() { defer close(ran); _ = r.Run(runCtx) }()
 	defer func() { stop(); <-ran }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.UntilNil(t, "b's two releases delivered while a's shard stays down", func() error {
 		mu.Lock()
 		got := delivered["b"]
 		mu.Unlock()
-		if got == 2 {
-			break
+		if got != 2 {
+			return fmt.Errorf("%d of 2 delivered; queued %d", got, r.Queued())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("b's releases delivered %d of 2 while a's shard stays down; queued %d", got, r.Queued())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	if q := r.Queued(); q != 2 {
 		t.Errorf("queued = %d, want a's 2 still waiting", q)
 	}

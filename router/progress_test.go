@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/mock"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -48,11 +49,5 @@ func TestQueuedCountsRetries(t *testing.T) {
 		t.Errorf("queued while the retry is in flight = %d, want 1", got)
 	}
 	close(unblock)
-	deadline := time.Now().Add(5 * time.Second)
-	for rt.Queued() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("queued = %d 5 s after the retry was let through, want 0", rt.Queued())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	wait.Until(t, "the queue empty after the retry was let through", func() bool { return rt.Queued() == 0 })
 }

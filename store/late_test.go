@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,8 +13,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 )
 
@@ -27,6 +30,24 @@ repeat
 until tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - from >= tonumber(ARGV[1])
 return 1
 `
+
+// waitStalled waits until the server runs stallScript: a PING it does not
+// answer within 300 ms (an idle server answers in a millisecond; one
+// answered means the script has not reached the server yet).
+func waitStalled(t *testing.T, e *env) {
+	t.Helper()
+	o, err := redis.ParseURL(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.ReadTimeout, o.MaxRetries = 300*time.Millisecond, -1
+	probe := redis.NewClient(o)
+	defer probe.Close()
+	wait.Until(t, "the server stalled by the script", func() bool {
+		var ne net.Error
+		return errors.As(probe.Ping(context.Background()).Err(), &ne) && ne.Timeout()
+	})
+}
 
 // TestLateBooking: bookings made in time are made; a booking whose caller
 // gave up, and which the server runs only afterwards (stalled 3 s, past
@@ -64,9 +85,9 @@ func TestLateBooking(t *testing.T) {
 		t.Run("stalled past the limit", func(t *testing.T) {
 			stalled := make(chan error, 1)
 			go func() { stalled <- e.rc.Eval(ctx, stallScript, nil, 3000).Err() }()
-			// The stall begins well within this, and outlasts the bookings'
-			// deadline plus the limit by over a second after it.
-			time.Sleep(400 * time.Millisecond)
+			// Once the stall has begun it outlasts the bookings'
+			// deadline plus the limit by over a second.
+			waitStalled(t, e)
 			r, b := book(100*time.Millisecond, "late", "c", "d")
 			for name, err := range map[string]error{"Reserve": r, "ReserveBest": b} {
 				if !errors.Is(err, kvroute.ErrUnavailable) {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -96,11 +98,7 @@ func waitReplicated(t *testing.T, primary, replica string) {
 		return -1
 	}
 	want := offset(pc, "master_repl_offset")
-	for deadline := time.Now().Add(10 * time.Second); offset(rc, "slave_repl_offset") < want; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("replica %s never reached its primary's offset %d", replica, want)
-		}
-	}
+	wait.Until(t, fmt.Sprintf("replica %s to reach its primary's offset %d", replica, want), func() bool { return offset(rc, "slave_repl_offset") >= want })
 }
 
 // TestReadReplicas runs lookups with their reads on replicas, on every

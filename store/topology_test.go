@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -145,15 +147,10 @@ func TestACL(t *testing.T) {
 		if n, err := killer.Do(ctx, "CLIENT", "KILL", "USER", user, "SKIPME", "yes").Int(); err != nil || n == 0 {
 			t.Fatalf("CLIENT KILL USER = %d, %v; want the store's connections cut", n, err)
 		}
-		var last error
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if _, last = s.GetReplica(ctx, "acl-file"); last == nil {
-				break
-			}
-		}
-		if last != nil {
-			t.Fatalf("after the rotation the store still fails: %v", last)
-		}
+		wait.UntilNil(t, "the store to work after the rotation", func() error {
+			_, err := s.GetReplica(ctx, "acl-file")
+			return err
+		})
 	})
 }
 
@@ -171,43 +168,37 @@ func TestSentinel(t *testing.T) {
 	// The replica must hold the write before the failover promotes it.
 	rc := redis.NewClient(&redis.Options{Addr: set.Replica, MaxRetries: -1})
 	defer rc.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if n, _ := rc.Exists(ctx, "kvr:replicas").Result(); n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replica never received the primary's writes")
-		}
-	}
+	wait.Until(t, "the replica to receive the primary's writes", func() bool {
+		n, _ := rc.Exists(ctx, "kvr:replicas").Result()
+		return n == 1
+	})
 	sc := redis.NewSentinelClient(&redis.Options{Addr: set.Sentinel})
 	defer sc.Close()
 	if err := sc.Failover(ctx, set.Master).Err(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	wait.UntilNil(t, "the Sentinel to promote the replica", func() error {
 		a, err := sc.GetMasterAddrByName(ctx, set.Master).Result()
 		if err == nil && len(a) == 2 && a[0]+":"+a[1] == set.Replica {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the Sentinel never promoted the replica: %v %v", a, err)
-		}
-	}
+		return fmt.Errorf("it names %v (%v)", a, err)
+	})
 	// Until the Sentinel demotes the old primary it still takes writes,
 	// which its resync then drops: the store must come to write where the
 	// Sentinel points, which only a store that asks the Sentinel does.
-	landed := false
-	var last error
-	for i, deadline := 0, time.Now().Add(30*time.Second); !landed && time.Now().Before(deadline); i++ {
+	i := 0
+	wait.UntilNil(t, "the store to write to the new primary", func() error {
 		id := "after-" + strconv.Itoa(i)
-		if last = s.PutReplica(ctx, kvroute.Replica{ID: id, Model: "m", URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}); last == nil {
-			landed, last = rc.HExists(ctx, "kvr:replicas", id).Result()
+		i++
+		if err := s.PutReplica(ctx, kvroute.Replica{ID: id, Model: "m", URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"}); err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !landed {
-		t.Fatalf("the store never wrote to the new primary (last error %v)", last)
-	}
+		if landed, err := rc.HExists(ctx, "kvr:replicas", id).Result(); err != nil || !landed {
+			return fmt.Errorf("%s not on the new primary (%v)", id, err)
+		}
+		return nil
+	})
 	if _, err := s.GetReplica(ctx, "before"); err != nil {
 		t.Errorf("a replica written before the failover: %v", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // TestAdminAuthProcess is the finding against `kvroute serve` as a process:
@@ -43,16 +45,10 @@ func TestAdminAuthProcess(t *testing.T) {
 		_, _ = io.Copy(b, resp.Body)
 		return resp.StatusCode, resp.Header, b.String()
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if status, _, _ := call(http.MethodGet, "/v1/replicas/demo-0", "", token); status == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("demo-0 never registered")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.Until(t, "demo-0 registered", func() bool {
+		status, _, _ := call(http.MethodGet, "/v1/replicas/demo-0", "", token)
+		return status == http.StatusOK
+	})
 	// The registry as ids and URLs (health and its time change by
 	// themselves, as the ingestor probes).
 	registry := func() string {

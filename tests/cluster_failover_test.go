@@ -2,12 +2,14 @@ package tests_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
@@ -80,13 +82,39 @@ func clusterFailover(t *testing.T, onReplicas bool) {
 	}
 
 	// Settled: every decision cache-aware, the lookups on the replica.
-	waitAware := decide(10*time.Second, aware)
-	if waitAware.aware == 0 {
-		t.Fatal("no cache-aware decision before any fault")
-	}
+	wait.Until(t, "a cache-aware decision before any fault", func() bool { return decide(time.Second, aware).aware > 0 })
 	served0, _ := st.ReplicaReads()
-	r0 := hmgetCalls(t, c.Addrs()[replica])
-	before := decide(time.Second, nil)
+	// A replica read that fails sends the lookups to the primary for the
+	// next 5 s (store/reads.go), by design: on a busy machine one misses
+	// its 50 ms budget, or finds the replica not yet holding what the
+	// primary just indexed, and the second measured here fell in that
+	// window. So the second measured is one begun by a lookup the replica
+	// answered (the window was shut) in which no replica read failed (it
+	// stayed shut): in it, every lookup must run on the replica.
+	var r0 int64
+	var before tally
+	discarded := 0
+	if onReplicas {
+		wait.Until(t, "a second of decisions with no failed replica read", func() bool {
+			served, failed := st.ReplicaReads()
+			decide(time.Second, func(router.Decision) bool { return true })
+			if s, _ := st.ReplicaReads(); s == served {
+				discarded++
+				return false // the window is open
+			}
+			r0 = hmgetCalls(t, c.Addrs()[replica])
+			before = decide(time.Second, nil)
+			if _, f := st.ReplicaReads(); f != failed {
+				discarded++
+				return false
+			}
+			return true
+		})
+		t.Logf("before the faults: %d decisions; %d tries discarded for a failed replica read", before.n, discarded)
+	} else {
+		r0 = hmgetCalls(t, c.Addrs()[replica])
+		before = decide(time.Second, nil)
+	}
 	if before.degraded != 0 || before.aware != before.n {
 		t.Errorf("before the faults: %+v; want every decision cache-aware", before)
 	}
@@ -114,15 +142,14 @@ func clusterFailover(t *testing.T, onReplicas bool) {
 		// from it again.
 		served1, _ := st.ReplicaReads()
 		r1 := hmgetCalls(t, c.Addrs()[replica])
-		var back bool
-		for end := time.Now().Add(30 * time.Second); !back && time.Now().Before(end); {
+		wait.UntilNil(t, "the replica back to run lookups", func() error {
 			decide(500*time.Millisecond, nil)
-			back = hmgetCalls(t, c.Addrs()[replica]) > r1
-		}
-		if !back {
+			if hmgetCalls(t, c.Addrs()[replica]) > r1 {
+				return nil
+			}
 			served, _ := st.ReplicaReads()
-			t.Errorf("30 s after the replica came back it has run no lookup (read client answered %d → %d)", served1, served)
-		}
+			return fmt.Errorf("it has run no lookup since it came back (read client answered %d → %d)", served1, served)
+		})
 	})
 
 	t.Run("primary killed, replica promoted", func(t *testing.T) {

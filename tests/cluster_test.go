@@ -3,6 +3,7 @@ package tests_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
@@ -19,8 +21,8 @@ import (
 
 // TestClusterPrimaryRestart runs decisions for two models whose slots live
 // on different primaries of a real 3-primary Redis Cluster, kills the first
-// model's primary under traffic (SIGKILL, AOF on) and starts it again 2 s
-// later (the cluster marks it failed after its 1 s node timeout, so its
+// model's primary under traffic (SIGKILL, AOF on) and starts it again
+// once the cluster has marked it failed (after its 1 s node timeout; its
 // slots answer CLUSTERDOWN meanwhile). See clusterFault for what must hold.
 func TestClusterPrimaryRestart(t *testing.T) {
 	c := redistest.Cluster(t, 3)
@@ -30,7 +32,8 @@ func TestClusterPrimaryRestart(t *testing.T) {
 }
 
 // TestClusterPrimaryHung is TestClusterPrimaryRestart with the first
-// model's primary frozen (SIGSTOP) for 2 s and then continued: its
+// model's primary frozen (SIGSTOP) until the cluster marks it failed, and
+// then continued: its
 // sockets accept and nothing answers, so that model's store calls wait
 // out their timeout, and nothing else may wait with them (each model has
 // its own pipelines and its own back-off window).
@@ -125,7 +128,8 @@ const (
 )
 
 // clusterFault runs decisions alternating between two models on c, and
-// brings one primary down (down) under traffic and back (up) 2 s later:
+// brings one primary down (down) under traffic and back (up) once the
+// traffic has met the outage and the cluster has marked the node failed:
 // with target faultModel, the first model's primary, which holds neither
 // the registry nor the second model; with faultRegistry, the registry's,
 // which holds neither model. Every decision is released, as the proxy
@@ -177,16 +181,13 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 			// configuration (and the router backs off after a failed
 			// call): allow it a few seconds.
 			var d router.Decision
-			var err error
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				d, err = rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]})
-				if (err == nil && cacheAware(m, d)) || time.Now().After(deadline) {
-					break
+			wait.UntilNil(t, "a cache-aware decision", func() error {
+				var err error
+				if d, err = rt.Route(ctx, router.Request{Model: m, Tokens: prompts[m]}); err != nil || !cacheAware(m, d) {
+					return fmt.Errorf("route = %+v, %v; want %s-r0 with 8 matched blocks, not degraded", d, err, m)
 				}
-			}
-			if err != nil || !cacheAware(m, d) {
-				t.Fatalf("route = %+v, %v; want %s-r0 with 8 matched blocks, not degraded", d, err, m)
-			}
+				return nil
+			})
 			if ok, err := rt.Release(ctx, d.RequestID); err != nil || !ok {
 				t.Errorf("release = %v, %v; want true", ok, err)
 			}
@@ -214,6 +215,12 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 	)
 	done := make(chan struct{})
 	restartFailed := make(chan struct{})
+	// The fault's schedule follows the traffic, not the clock: the
+	// primary goes down once decisions are flowing (under traffic), and
+	// comes back once the traffic has met the outage (a degraded
+	// decision, and for the model's primary a store error too), or the
+	// traffic has stopped.
+	flowing, bitten, stopped := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		// Start fails the test with runtime.Goexit when the node cannot
@@ -225,9 +232,25 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 				close(restartFailed)
 			}
 		}()
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-flowing:
+		case <-stopped:
+		}
 		down(faulty)
-		time.Sleep(2 * time.Second)
+		select {
+		case <-bitten:
+		case <-stopped:
+		}
+		// And once the cluster has marked it failed (its 1 s node
+		// timeout), so that its slots answer CLUSTERDOWN for a while.
+		for !c.MarkedFailed(faulty) {
+			select {
+			case <-stopped:
+			case <-time.After(20 * time.Millisecond):
+				continue
+			}
+			break
+		}
 		up(faulty)
 		mu.Lock()
 		back = time.Now()
@@ -236,7 +259,11 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 	}()
 	recovered := map[string]time.Time{}
 	budget := time.Now().Add(40 * time.Second)
+	degradedSeen := false
 	for i := 0; len(recovered) < 2 && time.Now().Before(budget); i++ {
+		if i == 10 {
+			close(flowing)
+		}
 		select {
 		case <-restartFailed:
 			t.Fatal("the primary could not be brought back; see above")
@@ -276,9 +303,14 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 				recovered[m] = now
 			}
 		}
+		if was := degradedSeen; !was && d.Degraded && (target != faultModel || len(errs) > 0) {
+			degradedSeen = true
+			close(bitten)
+		}
 		mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 	}
+	close(stopped)
 	<-done
 	degraded, per, blind, slowest := 0, map[string]int{}, map[string]int{}, map[string]time.Duration{}
 	for _, res := range results {

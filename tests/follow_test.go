@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/ingestor"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/vllmtest"
 )
 
@@ -47,10 +48,8 @@ func TestFollowingStartsQuickly(t *testing.T) {
 	if followed > 1500*time.Millisecond {
 		t.Errorf("following started %v after registration, want within ~1 s", followed)
 	}
-	time.Sleep(300 * time.Millisecond) // the pod's registry cache
-	if routeIncomplete(t, h, prompt) {
-		t.Error("a decision after the replica was followed still says index_incomplete")
-	}
+	// The pod's registry cache catches up by itself.
+	wait.Until(t, "a decision after the replica was followed without index_incomplete", func() bool { return !routeIncomplete(t, h, prompt) })
 }
 
 func routeIncomplete(t *testing.T, h *harness, prompt []int) bool {

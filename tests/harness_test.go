@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
@@ -41,8 +42,9 @@ type harness struct {
 	base string
 	st   *store.Store
 	reps map[string]*vllmtest.Replica
-	// poll is how often waitFor re-checks; 20 ms unless a benchmark, whose
-	// measured time includes the poll's granularity, asks for finer.
+	// poll is how often waitFor re-checks; zero (wait.Until's backoff)
+	// unless a benchmark, whose measured time includes the poll's
+	// granularity, asks for a fixed fine one.
 	poll time.Duration
 	// redis, when configured, is the store (a Cluster's seeds) in place of
 	// url.
@@ -175,16 +177,17 @@ func (h *harness) waitOwned(ing *ingestor.Ingestor) {
 
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
+	if h.poll == 0 {
+		wait.Until(h.t, what, cond)
+		return
+	}
+	// A benchmark's fixed fine poll: its measured time includes it.
 	deadline := time.Now().Add(15 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("timed out waiting until %s", what)
 		}
-		if h.poll > 0 {
-			time.Sleep(h.poll)
-		} else {
-			time.Sleep(20 * time.Millisecond)
-		}
+		time.Sleep(h.poll)
 	}
 }
 
@@ -283,17 +286,12 @@ func (h *harness) mismatches(prompts [][]int, subset bool) []string {
 // waitTruth waits until the index agrees with the replicas on prompts.
 func (h *harness) waitTruth(prompts [][]int, subset bool) {
 	h.t.Helper()
-	var last []string
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if last = h.mismatches(prompts, subset); len(last) == 0 {
-			return
+	wait.UntilNil(h.t, "the index to agree with the replicas", func() error {
+		if last := h.mismatches(prompts, subset); len(last) > 0 {
+			return fmt.Errorf("it disagrees:\n%v", last)
 		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("index disagrees with the replicas:\n%v", last)
-		}
-		time.Sleep(30 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func prompt(r *rand.Rand, prefix []int, n int) []int {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/testfiles"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 type sdkTurn struct {
@@ -98,37 +100,31 @@ func TestOpenAISDKStreamingChat(t *testing.T) {
 // replicas' event streams: a warm-up chat's blocks show up in the index.
 func waitDemoFollowed(t *testing.T, p *process) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, body := p.get(t, "/v1/models")
-		if strings.Contains(body, `"id":"demo"`) && strings.Contains(body, `"routable":3`) {
-			break
+	wait.UntilNil(t, "the demo replicas registered", func() error {
+		if _, body := p.get(t, "/v1/models"); !strings.Contains(body, `"id":"demo"`) || !strings.Contains(body, `"routable":3`) {
+			return fmt.Errorf("/v1/models: %s", body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the demo replicas were never registered: %s", body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	// A chat sent before the ingestor subscribed is lost to the index:
+	// each poll sends one more, until one's blocks show up.
 	warm := `{"model":"demo","messages":[{"role":"user","content":"warm up: a prompt long enough to fill a couple of sixteen-token blocks of the cache, so that the index shows them"}],"max_tokens":1}`
-	for attempt := 0; ; attempt++ {
+	wait.UntilNil(t, "the demo replicas' events in the index", func() error {
 		if status, _, body := p.post(t, "/v1/chat/completions", warm); status != 200 {
 			t.Fatalf("warm-up chat: %d %s", status, body)
 		}
-		time.Sleep(200 * time.Millisecond)
-		_, body := p.get(t, "/v1/replicas")
 		for _, id := range []string{"demo-0", "demo-1", "demo-2"} {
 			_, detail := p.get(t, "/v1/replicas/"+id)
 			var d struct {
 				Blocks int `json:"blocks"`
 			}
 			if json.Unmarshal([]byte(detail), &d) == nil && d.Blocks > 0 {
-				return
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the demo replicas' events never reached the index: %s", body)
-		}
-	}
+		_, body := p.get(t, "/v1/replicas")
+		return fmt.Errorf("/v1/replicas: %s", body)
+	})
 }
 
 // sumSeries adds every sample of a metric in Prometheus text format.

@@ -19,6 +19,8 @@ import (
 
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // otlpSpan is one span a receiver was sent, decoded.
@@ -157,22 +159,20 @@ func (rcv *otlpReceiver) all() []otlpSpan {
 // trace's spans by id.
 func (rcv *otlpReceiver) trace(id string, done func(map[string]otlpSpan) bool) map[string]otlpSpan {
 	rcv.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		got := map[string]otlpSpan{}
+	var got map[string]otlpSpan
+	wait.UntilNil(rcv.t, "trace "+id, func() error {
+		got = map[string]otlpSpan{}
 		for _, s := range rcv.all() {
 			if s.Trace == id {
 				got[s.ID] = s
 			}
 		}
-		if done(got) {
-			return got
+		if !done(got) {
+			return fmt.Errorf("spans received:\n%s", describeSpans(got))
 		}
-		if time.Now().After(deadline) {
-			rcv.t.Fatalf("trace %s: timed out; spans received:\n%s", id, describeSpans(got))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return got
 }
 
 // named returns the spans of tr called name.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -70,18 +71,17 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// waitFor reports whether sub appears in the buffer within d. The access
-// log line is written after the response has gone out, so a client can
-// read its answer before the line exists.
-func (s *syncBuffer) waitFor(sub string, d time.Duration) bool {
-	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
-		if strings.Contains(s.String(), sub) {
-			return true
+// waitFor waits until sub appears in the buffer. The access log line is
+// written after the response has gone out, so a client can read its
+// answer before the line exists.
+func (s *syncBuffer) waitFor(t *testing.T, sub string) {
+	t.Helper()
+	wait.UntilNil(t, "log line "+sub, func() error {
+		if b := s.String(); !strings.Contains(b, sub) {
+			return fmt.Errorf("the logs so far:\n%s", b)
 		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
+		return nil
+	})
 }
 
 // tracedPod is an in-process pod (configured, like `kvroute serve`, by
@@ -89,6 +89,9 @@ func (s *syncBuffer) waitFor(sub string, d time.Duration) bool {
 type tracedPod struct {
 	base, redisURL string
 	logs           *syncBuffer
+	// stop stops the pod (once; the test's cleanup calls it too), which
+	// flushes its span exporter, if any.
+	stop func()
 }
 
 func newTracedPod(t *testing.T, up *tracedUpstream) *tracedPod {
@@ -106,7 +109,8 @@ func newTracedPod(t *testing.T, up *tracedUpstream) *tracedPod {
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = a.Stop() })
+	p.stop = sync.OnceFunc(func() { _ = a.Stop() })
+	t.Cleanup(p.stop)
 	p.base = "http://" + a.Addr()
 	if code, _, body := p.send(t, "PUT", "/v1/replicas/up", fmt.Sprintf(`{"model":"m","url":%q}`, up.URL), ""); code >= 300 {
 		t.Fatalf("register: %d %s", code, body)
@@ -237,7 +241,7 @@ func TestTracing(t *testing.T) {
 	})
 
 	t.Run("logs carry the trace", func(t *testing.T) {
-		pod.logs.waitFor(`"path":"/v1/route"`, 5*time.Second)
+		pod.logs.waitFor(t, `"path":"/v1/route"`)
 		var found bool
 		for line := range strings.SplitSeq(pod.logs.String(), "\n") {
 			var rec struct{ Msg, Path, TraceID, SpanID string }
@@ -270,11 +274,13 @@ func TestTracing(t *testing.T) {
 		if err := rc.Set(context.Background(), "kvr:replicas", "x", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond) // past RegistryTTL
+		// Once the pod's registry copy is past RegistryTTL, a route
+		// reads it again and fails.
 		in := "00-11111111111111111111111111111111-2222222222222222-01"
-		if code, _, _ := pod.send(t, "POST", "/v1/route", `{"model":"m","token_ids":[1]}`, in); code < 500 {
-			t.Errorf("route over a broken registry: %d, want a 5xx", code)
-		}
+		wait.Until(t, "a route over the broken registry answering a 5xx", func() bool {
+			code, _, _ := pod.send(t, "POST", "/v1/route", `{"model":"m","token_ids":[1]}`, in)
+			return code >= 500
+		})
 		_, _, metrics := pod.send(t, "GET", "/metrics", "", "")
 		if !strings.Contains(metrics, `kvroute_redis_errors_total{operation="hgetall"}`) {
 			t.Errorf("no hgetall error counted:\n%s", grepLines(metrics, "redis_errors"))
@@ -303,10 +309,9 @@ func TestTracingOff(t *testing.T) {
 	if got := up.last(); got != in {
 		t.Errorf("replica got traceparent %q, want the caller's %q", got, in)
 	}
-	if !pod.logs.waitFor(`"trace_id":"0af7651916cd43dd8448eb211c80319c"`, 5*time.Second) {
-		t.Errorf("logs lack the caller's trace id:\n%s", pod.logs.String())
-	}
-	time.Sleep(200 * time.Millisecond)
+	pod.logs.waitFor(t, `"trace_id":"0af7651916cd43dd8448eb211c80319c"`)
+	// Stopping the pod flushes an exporter if there were one.
+	pod.stop()
 	if n := len(rcv.all()); n != 0 {
 		t.Errorf("%d spans exported with no exporter configured", n)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 )
@@ -191,27 +192,17 @@ func TestHungRedis(t *testing.T) {
 	rp.kill(syscall.SIGCONT)
 	thawed = true
 	t.Run("recovers by itself", func(t *testing.T) {
-		deadline := time.Now().Add(10 * time.Second)
-		for p.a.Router.Queued() > 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d progress reports still queued 10 s after the thaw", p.a.Router.Queued())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		wait.Until(t, "the queued progress reports delivered after the thaw", func() bool { return p.a.Router.Queued() == 0 })
 		for _, a := range before {
 			if found, err := st.Release(context.Background(), a.RequestID); err != nil || found {
 				t.Errorf("lease %s: found %v (%v) after the queued release, want it gone", a.RequestID, found, err)
 			}
 		}
-		for {
-			a := p.decide(t, "hung", prompt)
-			if a.status == http.StatusOK && !a.Degraded && a.Matched > 0 {
-				break
+		wait.UntilNil(t, "a cache-aware decision after the thaw", func() error {
+			if a := p.decide(t, "hung", prompt); a.status != http.StatusOK || a.Degraded || a.Matched == 0 {
+				return fmt.Errorf("still degraded: %+v", a)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("decisions still degraded 10 s after the thaw: %+v", a)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return nil
+		})
 	})
 }

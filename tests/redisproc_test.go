@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // redisProc is a redis-server process this test controls: it can be
@@ -48,13 +49,7 @@ func (p *redisProc) start() {
 	}
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(p.port)})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			p.t.Fatal("redis-server did not answer")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.UntilNil(p.t, "redis-server to answer", func() error { return c.Ping(context.Background()).Err() })
 	p.t.Logf("real redis-server (controlled) at 127.0.0.1:%d, pid %d", p.port, p.cmd.Process.Pid)
 }
 

@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // TestRedisRestartedEmpty reproduces Redis losing its data under traffic:
 // a registered fleet, decisions flowing, redis-server killed (-9) and
-// started again empty on the same port 3 s later. Before, every decision
+// started again empty on the same port once a decision met the outage. Before, every decision
 // after the restart answered 404 model_not_found until the replicas were
 // registered again by hand. Now: no decision for the registered model is
 // ever a 404, the pod re-seeds the registry, the ingestor follows the
@@ -53,6 +54,7 @@ func TestRedisRestartedEmpty(t *testing.T) {
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	statuses := map[int]int{}
+	decided, degraded := 0, 0
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := 0; ; i++ {
@@ -64,30 +66,35 @@ func TestRedisRestartedEmpty(t *testing.T) {
 			a := p.decide(t, model, prompts[i%len(prompts)])
 			mu.Lock()
 			statuses[a.status]++
+			decided++
+			if a.Degraded {
+				degraded++
+			}
 			mu.Unlock()
 			time.Sleep(10 * time.Millisecond)
 		}
 	})
-	time.Sleep(500 * time.Millisecond)
+	// The schedule follows the traffic: Redis dies once decisions flow,
+	// comes back once one met the outage (degraded), and the traffic
+	// goes on for as many decisions again after the recovery.
+	counts := func() (int, int) { mu.Lock(); defer mu.Unlock(); return decided, degraded }
+	wait.Until(t, "decisions flowing", func() bool { n, _ := counts(); return n >= 10 })
 	rp.kill(syscall.SIGKILL)
-	time.Sleep(3 * time.Second)
+	wait.Until(t, "a decision degraded by the outage", func() bool { _, d := counts(); return d > 0 })
 	rp.start()
 	restarted := time.Now()
 
-	var recovered time.Duration
-	for {
-		a := p.decide(t, model, prompts[1])
-		if a.status == http.StatusOK && a.Matched > 0 {
-			recovered = time.Since(restarted)
-			break
-		}
-		if time.Since(restarted) > 10*time.Second {
-			t.Errorf("no prompt matched 10 s after the restart; last decision %+v", a)
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	var last routeAnswer
+	wait.Until(t, "a prompt matched again after the restart", func() bool {
+		last = p.decide(t, model, prompts[1])
+		return last.status == http.StatusOK && last.Matched > 0
+	})
+	recovered := time.Since(restarted)
+	if recovered > 10*time.Second {
+		t.Errorf("a prompt matched again only %v after the restart, want within 10 s; last decision %+v", recovered, last)
 	}
-	time.Sleep(500 * time.Millisecond)
+	n0, _ := counts()
+	wait.Until(t, "ten decisions after the recovery", func() bool { n, _ := counts(); return n >= n0+10 })
 	close(stop)
 	wg.Wait()
 	t.Logf("decisions by status across the outage: %v; matched blocks back %v after the restart", statuses, recovered.Round(10*time.Millisecond))

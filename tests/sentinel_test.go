@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
@@ -68,11 +69,15 @@ func sentinelFault(t *testing.T, onReplica bool, fault func(redistest.SentinelSe
 		switched, recovered time.Time
 	)
 	failedOver := make(chan error, 1)
+	flowing := make(chan struct{}) // the fault comes under traffic
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		<-flowing
 		failedOver <- fault(set, sc)
 	}()
 	for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if decisions == 10 {
+			close(flowing)
+		}
 		t0 := time.Now()
 		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: p})
 		took := time.Since(t0)
@@ -121,21 +126,18 @@ func sentinelFault(t *testing.T, onReplica bool, fault func(redistest.SentinelSe
 	// resyncs as a replica (Redis replicates asynchronously), so the first
 	// bookings after the switch may vanish; within a few seconds each one
 	// lands on the new primary.
-	var landed bool
-	for deadline := time.Now().Add(10 * time.Second); !landed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	wait.Until(t, "a booking landed on the new primary", func() bool {
 		d, err := rt.Route(ctx, router.Request{Model: m, Tokens: p})
 		if err != nil {
 			t.Fatalf("route after the failover: %v", err)
 		}
-		landed, err = rc.HExists(ctx, "kvr:{m:"+m+"}:lb", d.RequestID).Result()
+		landed, err := rc.HExists(ctx, "kvr:{m:"+m+"}:lb", d.RequestID).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ok, err := rt.Release(ctx, d.RequestID); landed && (err != nil || !ok) {
 			t.Errorf("release on the new primary = %v, %v; want true", ok, err)
 		}
-	}
-	if !landed {
-		t.Error("no booking landed on the new primary within 10 s of the switch")
-	}
+		return landed
+	})
 }

@@ -3,13 +3,14 @@ package vllmtest_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/vllmtest"
 )
 
@@ -275,8 +276,7 @@ func TestRunningCount(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	wait.UntilNil(t, "1 running and 1 waiting", func() error {
 		resp, err := http.Get(r.URL() + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -285,13 +285,10 @@ func TestRunningCount(t *testing.T) {
 		resp.Body.Close()
 		if strings.Contains(string(b), `vllm:num_requests_running{engine="0",model_name="sim-model"} 1`) &&
 			strings.Contains(string(b), `vllm:num_requests_waiting{engine="0",model_name="sim-model"} 1`) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never saw 1 running and 1 waiting:\n%s", b)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("the metrics:\n%s", b)
+	})
 	<-done
 	<-done
 }

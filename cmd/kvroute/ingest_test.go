@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 func TestParseIngest(t *testing.T) {
@@ -75,21 +76,18 @@ func TestIngestRuns(t *testing.T) {
 	go func() {
 		done <- run(ctx, []string{"ingest", "--redis-url", url, "--metrics-listen", addr, "--owner", "test"}, io.Discard, io.Discard)
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var b []byte
+	wait.UntilNil(t, "the metrics endpoint", func() error {
 		resp, err := http.Get("http://" + addr + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if !strings.Contains(string(b), "kvroute_ingest_") {
-				t.Errorf("/metrics lacks the ingestor's series")
-			}
-			break
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics endpoint never came up: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer resp.Body.Close()
+		b, err = io.ReadAll(resp.Body)
+		return err
+	})
+	if !strings.Contains(string(b), "kvroute_ingest_") {
+		t.Errorf("/metrics lacks the ingestor's series")
 	}
 	cancel()
 	select {

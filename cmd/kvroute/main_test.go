@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -110,16 +112,35 @@ func TestParseServe(t *testing.T) {
 	}
 }
 
+// lockedBuilder is a strings.Builder the command writes while the test
+// reads it.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // TestServeRuns starts the real command in embedded mode and stops it the
 // way SIGTERM does, through the context.
 func TestServeRuns(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var stderr strings.Builder
+	stderr := &lockedBuilder{}
 	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, io.Discard, &stderr)
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, io.Discard, stderr)
 	}()
-	time.Sleep(200 * time.Millisecond)
+	wait.Until(t, "serve to log that it is serving", func() bool { return strings.Contains(stderr.String(), `"msg":"serving"`) })
 	cancel()
 	select {
 	case code := <-done:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,25 +32,22 @@ func serveAndAnswer(t *testing.T, url string, args ...string) {
 	defer cancel()
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, io.Discard, io.Discard) }()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	wait.UntilNil(t, url+" to answer 200", func() error {
 		select {
 		case code := <-done:
 			t.Fatalf("kvroute %s exited with %d before %s answered", args[0], code, url)
 		default:
 		}
 		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never answered 200 (last %v)", url, err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	select {
 	case code := <-done:
@@ -164,17 +163,14 @@ func TestServeReadReplica(t *testing.T) {
 		done <- run(sctx, []string{"serve", "--listen", listen, "--redis-url", "redis://" + primary, "--redis-read-url", "redis://" + replica}, io.Discard, io.Discard)
 	}()
 	base := "http://" + listen
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if resp, err := http.Get(base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
+	wait.Until(t, "serve to be ready", func() bool {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("serve never became ready")
-		}
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 	body, _ := json.Marshal(map[string]any{"model": m, "token_ids": tokens, "max_tokens": 8})
 	var before int64
 	// The first decision's lookup reads from the primary (the pod has not

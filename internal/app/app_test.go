@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/api"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/vllmtest"
 )
@@ -221,14 +223,35 @@ func TestLoadReplicasFile(t *testing.T) {
 	})
 }
 
+// lineSignal is a log writer that signals ch (without blocking) for
+// every line containing sub.
+type lineSignal struct {
+	sub string
+	ch  chan struct{}
+}
+
+func (l lineSignal) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), l.sub) {
+		select {
+		case l.ch <- struct{}{}:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
 // TestRun checks the start/stop pair: Run serves until its context ends,
 // then returns cleanly, and a bad Redis fails before serving.
 func TestRun(t *testing.T) {
 	t.Run("stops on cancel", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- app.Run(ctx, app.Config{Listen: "127.0.0.1:0", Router: router.DefaultConfig()}) }()
-		time.Sleep(100 * time.Millisecond)
+		serving := make(chan struct{}, 1)
+		log := slog.New(slog.NewTextHandler(lineSignal{sub: "msg=serving", ch: serving}, nil))
+		go func() {
+			done <- app.Run(ctx, app.Config{Listen: "127.0.0.1:0", Router: router.DefaultConfig(), Logger: log})
+		}()
+		wait.Recv(t, "the serving log line", serving)
 		cancel()
 		select {
 		case err := <-done:
@@ -398,20 +421,16 @@ func TestProxyThroughSimReplica(t *testing.T) {
 func TestReadyWaitsForDemoReplicas(t *testing.T) {
 	base := startApp(t, app.Config{Tasks: []app.Task{app.DemoReplicas(2, io.Discard)}})
 	sawStarting := false
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.UntilNil(t, "/readyz to pass", func() error {
 		code, body := call(t, http.MethodGet, base+"/readyz", "")
 		if code == http.StatusOK {
-			break
+			return nil
 		}
 		if strings.Contains(body, "demo-replicas") {
 			sawStarting = true
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never ready: %d %s", code, body)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return fmt.Errorf("%d %s", code, body)
+	})
 	code, body := call(t, http.MethodGet, base+"/v1/replicas", "")
 	var reps struct {
 		Replicas []json.RawMessage `json:"replicas"`

@@ -2,13 +2,16 @@ package app_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 func freeLoopback(t *testing.T) string {
@@ -35,18 +38,13 @@ func TestRunSimReplica(t *testing.T) {
 			done <- app.RunSimReplica(ctx, app.SimReplicaConfig{Model: "demo", Listen: addr,
 				Events: "tcp://" + freeLoopback(t), Replay: "tcp://" + freeLoopback(t), DecodeTokensPerSec: 40})
 		}()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		wait.UntilNil(t, "the replica to answer /health", func() error {
 			resp, err := http.Get("http://" + addr + "/health")
 			if err == nil {
 				resp.Body.Close()
-				break
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the replica never answered /health: %v", err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err
+		})
 		answered := make(chan int, 1)
 		go func() {
 			// 20 tokens at 40 a second: half a second in flight.
@@ -59,7 +57,15 @@ func TestRunSimReplica(t *testing.T) {
 			resp.Body.Close()
 			answered <- resp.StatusCode
 		}()
-		time.Sleep(150 * time.Millisecond)
+		wait.Until(t, "the request in flight", func() bool {
+			resp, err := http.Get("http://" + addr + "/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return regexp.MustCompile(`(?m)^vllm:num_requests_running(\{[^}]*\})? 1$`).Match(b)
+		})
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("RunSimReplica = %v, want nil", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -432,6 +433,30 @@ func (c *RedisCluster) Restart(tb testing.TB, i int, sig syscall.Signal, down ti
 	c.Stop(tb, i, sig)
 	time.Sleep(down)
 	c.Start(tb, i)
+}
+
+// MarkedFailed reports whether another node of the cluster has marked
+// node i failed (the FAIL flag, not the PFAIL suspicion): from then on,
+// without a replica to promote, its slots answer CLUSTERDOWN. It does not
+// fail tb, so that a goroutine scheduling a fault can poll it.
+func (c *RedisCluster) MarkedFailed(i int) bool {
+	addrs := c.Addrs()
+	for j, a := range addrs {
+		if j == i {
+			continue
+		}
+		nodes, err := onNode(a, func(ctx context.Context, rc *redis.Client) *redis.StringCmd { return rc.ClusterNodes(ctx) })
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(nodes, "\n") {
+			f := strings.Fields(line)
+			if len(f) > 2 && strings.HasPrefix(f[1], addrs[i]+"@") && slices.Contains(strings.Split(f[2], ","), "fail") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // WaitOK waits until every node reports cluster_state:ok and every slot is

@@ -2,11 +2,13 @@ package redistest_test
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,22 +37,18 @@ func TestCluster(t *testing.T) {
 			// Under SIGKILL, appendfsync everysec may lose the last
 			// second of writes: the ones above are older.
 			c.Stop(t, i, sig)
-			time.Sleep(200 * time.Millisecond)
+			// Down as a client sees it, not for a time.
+			wait.Until(t, "the stopped primary's key unreadable", func() bool { return rc.Get(ctx, keys[0]).Err() != nil })
 			c.Start(t, i)
 			c.WaitOK(t, 30*time.Second)
 			for _, k := range keys {
-				var got string
-				var err error
 				// The client finds the node again after its restart.
-				for range 50 {
-					if got, err = rc.Get(ctx, k).Result(); err == nil {
-						break
+				wait.UntilNil(t, "get "+k+" after restart", func() error {
+					if got, err := rc.Get(ctx, k).Result(); err != nil || got != "v-"+k {
+						return fmt.Errorf("got %q, %v; want %q", got, err, "v-"+k)
 					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				if err != nil || got != "v-"+k {
-					t.Errorf("get %s after restart = %q, %v; want %q", k, got, err, "v-"+k)
-				}
+					return nil
+				})
 			}
 		})
 	}
@@ -62,12 +60,10 @@ func TestCluster(t *testing.T) {
 		c.WaitOK(t, 30*time.Second)
 		for _, k := range keys {
 			var err error
-			for range 50 {
-				if err = rc.Get(ctx, k).Err(); err == nil || err == redis.Nil {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			wait.Until(t, "get "+k+" answered after the wiped restart", func() bool {
+				err = rc.Get(ctx, k).Err()
+				return err == nil || err == redis.Nil
+			})
 			switch {
 			case c.Primary(t, k) == i && err != redis.Nil:
 				t.Errorf("get %s on the wiped primary: %v; want nil (no such key)", k, err)

@@ -6,12 +6,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/kvroute/kvroute/internal/telemetry"
+	"github.com/kvroute/kvroute/internal/wait"
 )
 
 // fakeExporter records what it is sent; Export, when set, runs first
@@ -58,16 +60,17 @@ func (e *fakeExporter) exported() (names []string, sizes []int) {
 	return names, sizes
 }
 
-// waitFor polls until n spans have been exported or two seconds pass.
+// waitFor lets the bubble's clock run (a millisecond at a time, once
+// every goroutine is blocked) until n spans have been exported or two
+// seconds have passed, and returns what was.
 func waitFor(tb testing.TB, e *fakeExporter, n int) []string {
 	tb.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	for start := time.Now(); ; time.Sleep(time.Millisecond) {
+		synctest.Wait()
 		names, _ := e.exported()
-		if len(names) >= n || time.Now().After(deadline) {
+		if len(names) >= n || time.Since(start) >= 2*time.Second {
 			return names
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -88,8 +91,15 @@ func (recordOnly) ShouldSample(sdktrace.SamplingParameters) sdktrace.SamplingRes
 }
 func (recordOnly) Description() string { return "record only" }
 
+// TestSpanBatcher runs each case in a testing/synctest bubble: the
+// batcher's schedule and deadlines run on the bubble's clock, and "nothing
+// was exported" is checked once every goroutine is blocked, not after a
+// sleep.
 func TestSpanBatcher(t *testing.T) {
 	ctx := context.Background()
+	bubble := func(name string, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) { synctest.Test(t, f) })
+	}
 	never := time.Hour // a schedule that never fires within a test
 	newTP := func(t *testing.T, e *fakeExporter, o telemetry.BatchOptions, opts ...sdktrace.TracerProviderOption) *sdktrace.TracerProvider {
 		t.Helper()
@@ -101,11 +111,11 @@ func TestSpanBatcher(t *testing.T) {
 		return tp
 	}
 
-	t.Run("a whole batch goes at once", func(t *testing.T) {
+	bubble("a whole batch goes at once", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 4})
 		endSpans(tp, "a", "b", "c")
-		time.Sleep(20 * time.Millisecond)
+		synctest.Wait()
 		if names, _ := e.exported(); len(names) != 0 {
 			t.Errorf("exported %v before a batch was whole, want nothing", names)
 		}
@@ -115,7 +125,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("the rest goes on schedule", func(t *testing.T) {
+	bubble("the rest goes on schedule", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: 20 * time.Millisecond, MaxQueue: 16, MaxBatch: 8})
 		endSpans(tp, "a", "b")
@@ -124,7 +134,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("flush sends what is queued, in batches and in order", func(t *testing.T) {
+	bubble("flush sends what is queued, in batches and in order", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 3})
 		// The third span kicks the export goroutine; the flush takes
@@ -144,7 +154,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("a full queue drops and says so", func(t *testing.T) {
+	bubble("a full queue drops and says so", func(t *testing.T) {
 		release := make(chan struct{})
 		held := make(chan struct{}, 1)
 		e := &fakeExporter{Export: func(context.Context) error {
@@ -178,7 +188,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("unsampled spans are not exported", func(t *testing.T) {
+	bubble("unsampled spans are not exported", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 1}, sdktrace.WithSampler(recordOnly{}))
 		endSpans(tp, "a")
@@ -190,7 +200,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("shutdown flushes, stops and shuts the exporter", func(t *testing.T) {
+	bubble("shutdown flushes, stops and shuts the exporter", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewSpanBatcher(e, telemetry.BatchOptions{Delay: never, Timeout: time.Second, MaxQueue: 16, MaxBatch: 8})))
 		endSpans(tp, "a", "b")
@@ -209,7 +219,7 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
-	t.Run("flush returns the exporter's error", func(t *testing.T) {
+	bubble("flush returns the exporter's error", func(t *testing.T) {
 		e := &fakeExporter{Export: func(context.Context) error { return errors.New("collector said no") }}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 8})
 		endSpans(tp, "a")
@@ -218,6 +228,8 @@ func TestSpanBatcher(t *testing.T) {
 		}
 	})
 
+	// Not in a bubble: the export the deadlines leave behind holds the
+	// bubble open. The real clock, and waits on the exporter.
 	t.Run("flush and shutdown honour their deadlines", func(t *testing.T) {
 		release := make(chan struct{})
 		e := &fakeExporter{Export: func(ctx context.Context) error {
@@ -243,25 +255,18 @@ func TestSpanBatcher(t *testing.T) {
 			t.Errorf("ForceFlush and Shutdown took %v with 30 ms deadlines", took)
 		}
 		close(release) // the exports go on behind the deadlines, with live contexts
-		if got := waitFor(t, e, 3); strings.Join(got, ",") != "a,b,c" {
-			t.Errorf("exported %v after the deadlines, want a,b,c", got)
-		}
-		deadline := time.Now().Add(2 * time.Second)
-		for {
+		wait.Until(t, "a,b,c exported after the deadlines", func() bool {
+			names, _ := e.exported()
+			return strings.Join(names, ",") == "a,b,c"
+		})
+		wait.Until(t, "the exporter shut down after Shutdown's deadline passed", func() bool {
 			e.mu.Lock()
-			shut := e.shutdown
-			e.mu.Unlock()
-			if shut {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("exporter not shut down after Shutdown's deadline passed")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			defer e.mu.Unlock()
+			return e.shutdown
+		})
 	})
 
-	t.Run("flush honours a done context", func(t *testing.T) {
+	bubble("flush honours a done context", func(t *testing.T) {
 		e := &fakeExporter{}
 		tp := newTP(t, e, telemetry.BatchOptions{Delay: never, MaxQueue: 16, MaxBatch: 8})
 		done, cancel := context.WithCancel(ctx)
