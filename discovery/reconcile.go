@@ -160,6 +160,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	defer cancel()
 	errs := make(chan error, 2*len(r.c.Sources))
 	for _, s := range r.c.Sources {
+		r.m.zero(ctx, s.Name())
 		f := &feed{changed: make(chan struct{}, 1)}
 		go func() {
 			err := s.Run(ctx, func(eps []Endpoint) { f.put(eps); r.m.endpoints.Record(ctx, int64(len(eps)), src(s.Name())) })
