@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // discoverInterval is the fleet tests' --discover-interval: the DNS name
@@ -389,4 +390,71 @@ func startProcess(t *testing.T, args ...string) {
 			mu.Unlock()
 		}
 	})
+}
+
+// TestDNSDiscoverySRV: a name's SRV records give each replica its own
+// host and HTTP port (three replicas on one address, distinct ports); the
+// replicas publish no events here (--discover-events-port 0), so they are
+// routed on approximate entries.
+func TestDNSDiscoverySRV(t *testing.T) {
+	srvName := "_http._tcp.vllm." + dnstest.Domain
+	var recs []dnstest.SRV
+	hosts := map[string][]string{}
+	want := map[string]string{}
+	for i := range 3 {
+		r, err := vllmtest.New(vllmtest.Config{Model: "demo"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Stop() })
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(r.URL(), "http://"))
+		p, _ := strconv.Atoi(port)
+		target := fmt.Sprintf("r%d.%s", i, dnstest.Domain)
+		recs = append(recs, dnstest.SRV{Name: srvName, Target: target, Port: p})
+		hosts[target] = []string{"127.0.0.1"}
+		want["127.0.0.1-"+port] = "http://127.0.0.1:" + port
+	}
+	dns := dnstest.Start(t, hosts, recs...)
+	redisURL := redistest.Server(t)
+	st, err := store.Open(context.Background(), redisURL, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	startProcess(t, "ingest", "--redis-url", redisURL, "--metrics-listen", "127.0.0.1:0",
+		"--discover-dns", srvName, "--discover-dns-server", dns.Addr, "--discover-interval", discoverInterval.String(),
+		"--discover-events-port", "0", "--discover-replay-port", "0")
+	wait.UntilNil(t, "three SRV replicas registered", func() error {
+		reps, err := st.ListReplicas(context.Background())
+		if err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for _, r := range reps {
+			if r.Model != "demo" || r.Source != "dns:"+srvName || r.Events != "" || r.Replay != "" {
+				return fmt.Errorf("%s: %+v", r.ID, r)
+			}
+			got[r.ID] = r.URL
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("registry %v, want %v", got, want)
+		}
+		return nil
+	})
+	serve := startServe(t, "--redis-url", redisURL)
+	f := &fleet{t: t, ctx: context.Background(), st: st, serve: serve, rng: rand.New(rand.NewPCG(3, 3))}
+	var held []decision
+	named := map[string]bool{}
+	for len(named) < 3 && len(held) < 300 {
+		d := f.decide()
+		held = append(held, d)
+		named[d.Replica.ID] = true
+	}
+	f.release(held)
+	if len(named) != 3 {
+		t.Errorf("decisions named %v, want all three SRV replicas", named)
+	}
 }
