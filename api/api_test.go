@@ -368,6 +368,11 @@ func TestReplicas(t *testing.T) {
 		if len(got.Replicas) != 2 || got.Replicas[0].ID != "a" || got.Replicas[1].ID != "b" || got.Replicas[1].URL != "http://b2:8000" {
 			t.Errorf("list = %+v, want a, b (replaced)", got.Replicas)
 		}
+		for _, r := range got.Replicas {
+			if r.Source != "registered" || r.State != "serving" {
+				t.Errorf("%s: source %q state %q, want registered, serving (said explicitly)", r.ID, r.Source, r.State)
+			}
+		}
 	})
 	t.Run("get", func(t *testing.T) {
 		status, _, raw := h.do(t, http.MethodGet, "/v1/replicas/b", "", "")

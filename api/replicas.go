@@ -15,14 +15,40 @@ import (
 
 // ReplicaList is the answer of GET /v1/replicas.
 type ReplicaList struct {
-	Replicas []kvroute.Replica `json:"replicas"`
+	Replicas []ReplicaView `json:"replicas"`
+}
+
+// SourceRegistered is the source the API shows for a replica registered by
+// hand (PUT /v1/replicas, --replicas-file), whose Source is empty.
+const SourceRegistered = "registered"
+
+// ReplicaView is a registry entry as the API shows it: the entry
+// (flattened), with how it was found and where it is in its lifecycle
+// always spelled out, since an operator reading a fleet that discovery
+// changes must not have to know that an absent field means "registered"
+// or "serving". The two fields shadow the entry's own.
+type ReplicaView struct {
+	kvroute.Replica
+	// Source is SourceRegistered or the discovery source that wrote it
+	// ("dns:<name>", "k8s:<namespace>/<service>").
+	Source string `json:"source"`
+	// State is serving, terminating or gone.
+	State string `json:"state"`
+}
+
+func viewOf(r kvroute.Replica) ReplicaView {
+	v := ReplicaView{Replica: r, Source: r.Source, State: r.State.String()}
+	if v.Source == "" {
+		v.Source = SourceRegistered
+	}
+	return v
 }
 
 // ReplicaDetail is the answer of GET /v1/replicas/{id}: the registry entry
 // (flattened) plus what the index and the load counters say about it, which
 // is what an operator needs to see why a replica does or does not win.
 type ReplicaDetail struct {
-	kvroute.Replica
+	ReplicaView
 	Routable bool `json:"routable"`
 	// Blocks is how many blocks the index holds for the replica.
 	Blocks int `json:"blocks"`
@@ -43,7 +69,11 @@ func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request) {
 		list = []kvroute.Replica{}
 	}
 	slices.SortFunc(list, func(a, b kvroute.Replica) int { return strings.Compare(a.ID, b.ID) })
-	writeJSON(w, http.StatusOK, ReplicaList{Replicas: list})
+	views := make([]ReplicaView, len(list))
+	for i, rep := range list {
+		views[i] = viewOf(rep)
+	}
+	writeJSON(w, http.StatusOK, ReplicaList{Replicas: views})
 }
 
 func (s *Server) getReplica(w http.ResponseWriter, r *http.Request) {
@@ -63,7 +93,7 @@ func (s *Server) getReplica(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	d := ReplicaDetail{Replica: rep, Routable: rep.Routable(), Blocks: st.Blocks, LastApplied: st.LastApplied}
+	d := ReplicaDetail{ReplicaView: viewOf(rep), Routable: rep.Routable(), Blocks: st.Blocks, LastApplied: st.LastApplied}
 	if st.HasSeq {
 		d.AppliedSeq = &st.AppliedSeq
 	}
@@ -81,6 +111,14 @@ func (s *Server) putReplica(w http.ResponseWriter, r *http.Request) {
 	if err := s.decodeStrict(w, r, &rep); err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	// What GET shows for a hand-registered, serving replica is what the
+	// registry stores as empty, so that a GET's answer can be PUT back.
+	if rep.Source == SourceRegistered {
+		rep.Source = ""
+	}
+	if rep.State == "serving" {
+		rep.State = kvroute.StateServing
 	}
 	switch {
 	case rep.ID == "":
@@ -110,7 +148,7 @@ func (s *Server) putReplica(w http.ResponseWriter, r *http.Request) {
 	}
 	// This pod sees its own write at once; other pods within RegistryTTL.
 	s.rt.Invalidate()
-	writeJSON(w, status, rep)
+	writeJSON(w, status, viewOf(rep))
 }
 
 func (s *Server) deleteReplica(w http.ResponseWriter, r *http.Request) {

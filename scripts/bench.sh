@@ -37,3 +37,5 @@ echo "== tracing overhead: decision p50 with OpenTelemetry on (always_on, OTLP t
 go test -count=3 -run '^$' -bench 'BenchmarkTracingOverhead' -benchtime 6000x ./tests/
 echo "== scale-to-zero cold start: a fresh serve process to its first matching decision (infra/)"
 go test -run '^$' -bench 'BenchmarkColdStart' -benchtime 20x ./infra/
+echo "== discovery: DNS change to the first (and last) decision naming a replica, over dnsmasq, kvroute ingest and serve (tests/)"
+go test -count=1 -v -run 'TestDNSDiscovery' ./tests/ | grep -E 'registered|decision naming|registry matches'

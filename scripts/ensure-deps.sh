@@ -19,6 +19,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"
 
+# dnsmasq is the real DNS server the discovery tests start on loopback
+# (internal/dnstest); Debian's dnsmasq-base ships /usr/sbin/dnsmasq without
+# the system service.
+if ! command -v dnsmasq >/dev/null 2>&1 && [ ! -x /usr/sbin/dnsmasq ]; then
+  echo "ensure-deps: dnsmasq missing; installing dnsmasq-base from Debian's packages"
+  apt_install dnsmasq-base
+fi
+echo "ensure-deps: $( (command -v dnsmasq >/dev/null 2>&1 && dnsmasq --version || /usr/sbin/dnsmasq --version) | head -1)"
+
 # podman and runc build the container image from the tests' own binary and
 # run it (infra/image_test.go; crun, podman's default runtime, cannot set
 # rlimits in sandboxes like this project's machines). Best effort: without

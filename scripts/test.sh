@@ -30,7 +30,7 @@ skipped=$(grep -cE '^[[:space:]]*--- SKIP' "$log" || true)
 echo "== go test -race (the packages with concurrency)"
 rstatus=0
 rlog=$(mktemp)
-go test -race -count=1 -timeout 10m -v ./router ./api ./ingestor ./internal/app ./tests ./vllmtest ./prompt ./tokenizer >"$rlog" 2>&1 || rstatus=$?
+go test -race -count=1 -timeout 10m -v ./router ./api ./ingestor ./discovery/... ./internal/app ./tests ./vllmtest ./prompt ./tokenizer >"$rlog" 2>&1 || rstatus=$?
 grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' "$rlog" || true
 if [ "$rstatus" -ne 0 ]; then
   failed=$((failed + 1))

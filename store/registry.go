@@ -222,3 +222,121 @@ func (s *Store) Acquire(ctx context.Context, name, owner string, ttl time.Durati
 func (s *Store) ReleaseOwnership(ctx context.Context, name, owner string) error {
 	return wrap("release ownership", scriptDisown.Run(ctx, s.c, []string{ownKey(name)}, owner).Err())
 }
+
+// EditReplica rewrites the replica id as edit makes it, atomically (under
+// optimistic locking), for a writer that must decide from what is stored
+// now: discovery, which may only touch the replicas its own source wrote.
+// edit gets the stored replica (the zero Replica and found false when
+// there is none) and says whether to write it; an error from edit is
+// returned as it is and nothing is written. The written replica is
+// validated, the registry version moves only when it changed, and a
+// replica that moved to another model has its old model's state purged,
+// as PutReplica does.
+func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute.Replica, found bool) (bool, error)) error {
+	if id == fieldRegVer || id == "" {
+		return fmt.Errorf("store: edit replica %q: %w", id, kvroute.ErrInvalidInput)
+	}
+	for range 16 {
+		var oldModel string
+		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
+			var r kvroute.Replica
+			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
+			found := err == nil
+			if err != nil && err != redis.Nil {
+				return wrap("edit replica", err)
+			}
+			if found {
+				if err := json.Unmarshal(b, &r); err != nil {
+					return fmt.Errorf("store: edit replica %q: %w", id, err)
+				}
+			}
+			oldModel = r.Model
+			write, err := edit(&r, found)
+			if err != nil || !write {
+				oldModel = ""
+				return err
+			}
+			r.ID = id
+			if err := r.Validate(); err != nil {
+				return fmt.Errorf("store: edit replica: %w", err)
+			}
+			nb, err := json.Marshal(r)
+			if err != nil {
+				return fmt.Errorf("store: edit replica: %w", err)
+			}
+			if found && string(nb) == string(b) {
+				oldModel = ""
+				return nil
+			}
+			if oldModel == r.Model {
+				oldModel = ""
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.HSet(ctx, keyReplicas, id, nb)
+				p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
+				return nil
+			})
+			return err
+		}, keyReplicas)
+		if err == redis.TxFailedErr {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if oldModel != "" {
+			return s.PurgeReplica(ctx, oldModel, id)
+		}
+		return nil
+	}
+	return fmt.Errorf("store: edit replica %q: too much contention", id)
+}
+
+// DeleteReplicaIf removes the replica id, as DeleteReplica does (its
+// index, approximate entries, load and leases purged), only if keep
+// reports false for the replica stored now, checked atomically: discovery
+// purges a replica that is still its own and still gone, never one an
+// operator or another source wrote meanwhile. It reports whether it
+// deleted; a replica that is not there is not an error.
+func (s *Store) DeleteReplicaIf(ctx context.Context, id string, del func(kvroute.Replica) bool) (bool, error) {
+	if id == fieldRegVer || id == "" {
+		return false, fmt.Errorf("store: delete replica %q: %w", id, kvroute.ErrInvalidInput)
+	}
+	for range 16 {
+		var model string
+		deleted := false
+		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
+			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
+			if err == redis.Nil {
+				return nil
+			} else if err != nil {
+				return wrap("delete replica", err)
+			}
+			var r kvroute.Replica
+			if err := json.Unmarshal(b, &r); err != nil {
+				return fmt.Errorf("store: delete replica %q: %w", id, err)
+			}
+			if !del(r) {
+				return nil
+			}
+			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				p.HDel(ctx, keyReplicas, id)
+				p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
+				return nil
+			})
+			model, deleted = r.Model, err == nil
+			return err
+		}, keyReplicas)
+		if err == redis.TxFailedErr {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if deleted {
+			return true, s.PurgeReplica(ctx, model, id)
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("store: delete replica %q: too much contention", id)
+}

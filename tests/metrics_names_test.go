@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
@@ -131,6 +132,16 @@ func TestMetricNames(t *testing.T) {
 	})
 }
 
+// fixedSource reports one set of endpoints and no change after.
+type fixedSource struct{ eps []discovery.Endpoint }
+
+func (fixedSource) Name() string { return "static:metrics" }
+func (s fixedSource) Run(ctx context.Context, update func([]discovery.Endpoint)) error {
+	update(s.eps)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
 func sortedKeys(m map[string]string) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -180,13 +191,23 @@ func metricsAfterTraffic(t *testing.T) string {
 	defer cancel()
 	rc := router.DefaultConfig()
 	rc.Seed, rc.RegistryTTL = seed, 50*time.Millisecond
+	// Discovery's series: a source whose one endpoint never answers its
+	// /v1/models (a failed lookup, counted; nothing registered).
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gonePort := gone.Addr().(*net.TCPAddr).Port
+	gone.Close()
+	src := fixedSource{eps: []discovery.Endpoint{{Name: "unanswered", Host: "127.0.0.1", HTTPPort: gonePort}}}
 	a, err := app.New(ctx, app.Config{
 		Listen: "127.0.0.1:0", RedisURL: redistest.Server(t), Router: rc,
 		// Model m is tokenized in process and every tokenization shadowed
 		// by the replica (whose byte tokenizer disagrees: a mismatch).
 		Tokenizers: app.Tokenizers{FS: map[string]fs.FS{model: qwen3.FS}, ShadowRate: 1},
 		Tasks: []app.Task{app.Ingest(ingestor.Config{Owner: "metrics-test", Seed: seed,
-			RegistryInterval: 100 * time.Millisecond, HealthInterval: 200 * time.Millisecond})},
+			RegistryInterval: 100 * time.Millisecond, HealthInterval: 200 * time.Millisecond}),
+			app.Discover(app.DiscoverConfig{Sources: []discovery.Source{src}, Interval: 100 * time.Millisecond})},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +253,8 @@ func metricsAfterTraffic(t *testing.T) string {
 	// events the completions made the replica publish.
 	h.waitFor("the ingestor applied the replica's events", func() bool {
 		s := h.scrape()
-		return strings.Contains(s, "kvroute_ingest_replica_batches_applied_total{") && strings.Contains(s, `kvroute_ingest_batches_total{result="applied"}`)
+		return strings.Contains(s, "kvroute_ingest_replica_batches_applied_total{") && strings.Contains(s, `kvroute_ingest_batches_total{result="applied"}`) &&
+			strings.Contains(s, `kvroute_discovery_endpoints{source="static:metrics"} 1`)
 	})
 	return h.scrape()
 }

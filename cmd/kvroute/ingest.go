@@ -22,6 +22,7 @@ type ingestConfig struct {
 	ing           ingestor.Config
 	allowCIDRs    prefixList
 	log           logConfig
+	discover      discoverFlags
 }
 
 func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (ingestConfig, error) {
@@ -41,6 +42,7 @@ func parseIngest(args []string, getenv func(string) string, stderr io.Writer) (i
 	fs.DurationVar(&c.ing.PurgeGrace, "purge-grace", 2*time.Minute, "how long a replica stays unhealthy before its index entries are purged")
 	fs.DurationVar(&c.ing.StallTimeout, "stall-timeout", 30*time.Second, "silence after which an event stream is flagged and redialled")
 	fs.Var(&c.allowCIDRs, "allow-replica-cidrs", "comma-separated `prefixes` the ingestor may connect to although refused by default (link-local, metadata services); give serve's value")
+	c.discover.register(fs)
 	fs.StringVar(&c.log.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&c.log.format, "log-format", "text", "log `format`: text or json")
 	fs.Usage = flagUsage(fs, stderr, "ingest", "Follows every registered replica's KV-cache events into Redis. Run several: they share the replicas by leases.\n")
@@ -77,6 +79,10 @@ func runIngest(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
+	dc, err := c.discover.config(log)
+	if err != nil {
+		return usageError{err}
+	}
 	return app.RunIngest(ctx, app.IngestConfig{Redis: c.redis, MetricsListen: c.metricsListen, Ingestor: c.ing, Logger: log,
-		ReplicaPolicy: kvroute.AddressPolicy{Allow: c.allowCIDRs}})
+		ReplicaPolicy: kvroute.AddressPolicy{Allow: c.allowCIDRs}, Discover: dc})
 }

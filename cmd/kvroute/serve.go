@@ -66,6 +66,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// this process, over the same in-memory store.
 		cfg.Tasks = append(cfg.Tasks, app.Ingest(ingestor.Config{Owner: "embedded", Seed: cfg.Router.Seed}))
 	}
+	if lc.discover.enabled() {
+		if cfg.Redis.Configured() {
+			// With Redis, serve runs no ingestor: discovery belongs to
+			// the ingestors, which write the registry every pod reads.
+			return usageError{errors.New("--discover-* with a Redis store: give these flags to kvroute ingest, which writes the shared registry")}
+		}
+		dc, err := lc.discover.config(log)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.Tasks = append(cfg.Tasks, app.Discover(dc))
+	}
 	if lc.demoReplicas > 0 {
 		cfg.Tasks = append(cfg.Tasks, app.DemoReplicas(lc.demoReplicas, stdout))
 		if _, ok := cfg.Tokenizers.Dirs[app.DemoModel]; !ok {
@@ -84,6 +96,8 @@ type logConfig struct {
 	demoReplicas  int
 	// access is who may call what (access.go).
 	access *accessFlags
+	// discover is the --discover-* flags (discover.go).
+	discover discoverFlags
 }
 
 // parseServe turns the command line and environment into the app's
@@ -122,6 +136,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.Int64Var(&cfg.Tokenizers.CacheBytes, "tokenizer-cache-bytes", 64<<20, "tokenization cache per local model, in bytes (multi-turn prompts cost only their new text); negative disables it")
 	fs.BoolVar(&tokForward, "token-forwarding", true, "forward a completion's text prompt to the replica as the token ids kvroute computed, so the engine does not tokenize again")
 	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
+	lc.discover.register(fs)
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	lc.access = addAccessFlags(fs, &rc)

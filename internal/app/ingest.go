@@ -40,6 +40,11 @@ type IngestConfig struct {
 	// (probes, scrapes, ZeroMQ), as serve's does; the zero value is the
 	// default policy. It builds the Dialer when Ingestor.Dialer is nil.
 	ReplicaPolicy kvroute.AddressPolicy
+	// Discover, when it has sources, runs discovery in this ingestor:
+	// the fleet it finds is written into the registry it follows (one
+	// discoverer a source at a time, by lease, however many ingestors
+	// run with the same flags).
+	Discover DiscoverConfig
 	// Logger receives every component's logs; nil discards them.
 	Logger *slog.Logger
 	// Listening, when not nil, is told the metrics server's address once
@@ -123,6 +128,23 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 				err = errors.New("ended")
 			}
 			return fmt.Errorf("ingestor: %w", err)
+		}, func(error) { cancel() })
+	}
+	if c.Discover.Enabled() {
+		dc := c.Discover
+		if dc.Owner == "" {
+			dc.Owner = ic.Owner
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			err := runDiscovery(ctx, dc, st, ic.Dialer, c.ReplicaPolicy, mp, log)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err == nil {
+				err = errors.New("discovery ended")
+			}
+			return err
 		}, func(error) { cancel() })
 	}
 	g.Add(func() error {

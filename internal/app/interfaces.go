@@ -2,6 +2,7 @@ package app
 
 import (
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/store"
@@ -19,6 +20,7 @@ var (
 	_ ingestor.IndexStore = (*store.Store)(nil)
 	_ ingestor.KeyLookup  = (*store.Store)(nil)
 	_ ingestor.Transport  = ingestor.ZMQ{}
+	_ discovery.Registry  = (*store.Store)(nil)
 )
 
 // Capabilities the router finds by type assertion: without these checks a
