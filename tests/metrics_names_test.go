@@ -218,13 +218,11 @@ func metricsAfterTraffic(t *testing.T) string {
 	t.Cleanup(func() { _ = a.Stop() })
 	h := &harness{t: t, ctx: ctx, app: a, base: "http://" + a.Addr(), reps: map[string]*vllmtest.Replica{}, poll: 20 * time.Millisecond}
 	h.addReplica("live", vllmtest.Config{})
-	// A replica nobody listens on: proxied requests sent there fail over.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	// A replica that passes its health probes but drops every proxied
+	// request before its headers: those fail over. (One that refused
+	// connections would be probed unhealthy, and no longer routed to,
+	// before the completions below could meet it.)
+	dead := "http://" + droppingReplica(t)
 	if code, body := h.call("PUT", "/v1/replicas/dead", fmt.Sprintf(`{"model":%q,"url":%q}`, model, dead)); code >= 300 {
 		t.Fatalf("register dead: %d %s", code, body)
 	}
@@ -266,4 +264,26 @@ func (h *harness) scrape() string {
 		h.t.Fatalf("/metrics: %d", code)
 	}
 	return body
+}
+
+// droppingReplica listens on loopback, answers GET /health, and closes the
+// connection of every other request before writing a header.
+func droppingReplica(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})}
+	go srv.Serve(ln)
+	tb.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
 }
