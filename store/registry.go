@@ -222,3 +222,29 @@ func (s *Store) Acquire(ctx context.Context, name, owner string, ttl time.Durati
 func (s *Store) ReleaseOwnership(ctx context.Context, name, owner string) error {
 	return wrap("release ownership", scriptDisown.Run(ctx, s.c, []string{ownKey(name)}, owner).Err())
 }
+
+// SetDataParallelSize records how many data-parallel engines the replica
+// runs, as its metrics' engine labels say (an ingestor learns it when no
+// operator declared it). It writes, and moves the registry version, only
+// when the size changes.
+func (s *Store) SetDataParallelSize(ctx context.Context, id string, n int) error {
+	if n < 0 || n > kvroute.MaxDataParallelSize {
+		return fmt.Errorf("store: set data parallel size %q: %d: %w", id, n, kvroute.ErrInvalidInput)
+	}
+	return s.updateReplica(ctx, "set data parallel size", id, func(r *kvroute.Replica) bool {
+		changed := r.DataParallelSize != n
+		r.DataParallelSize = n
+		return changed
+	})
+}
+
+// SetPinIgnored records that the replica's engines ignore the rank
+// header, so that every pod routes it as one replica from its next
+// registry read. It is written once; a later call changes nothing.
+func (s *Store) SetPinIgnored(ctx context.Context, id string) error {
+	return s.updateReplica(ctx, "set pin ignored", id, func(r *kvroute.Replica) bool {
+		changed := !r.PinIgnored
+		r.PinIgnored = true
+		return changed
+	})
+}
