@@ -55,6 +55,10 @@ type Store interface {
 	// SetBlockSize records the block size the replica reports, which the
 	// router keys the model's requests with.
 	SetBlockSize(ctx context.Context, id string, size int) error
+	// SetDataParallelSize records how many data-parallel engines the
+	// replica's metrics label, when nobody declared it, so that every
+	// process follows, loads and routes them apart.
+	SetDataParallelSize(ctx context.Context, id string, n int) error
 	// SetFollowed records when the replica's stream was caught up (zero:
 	// nobody follows it), which tells decisions its index is complete.
 	SetFollowed(ctx context.Context, id string, since time.Time) error
@@ -338,7 +342,12 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 	}
 	next := make(map[string]kvroute.Replica, len(reps))
 	for _, r := range reps {
-		next[r.ID] = r
+		// A data-parallel replica is followed engine by engine, each
+		// its own stream, cache and lease; its health and metrics are
+		// the server's, read once (health.go).
+		for _, e := range r.Engines() {
+			next[e.ID] = e
+		}
 	}
 	var gone, changed []*owned
 	in.mu.Lock()
@@ -479,7 +488,7 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 			onSynced: func(ctx context.Context) {
 				// Decisions say a replica's index is incomplete until
 				// this is recorded.
-				if err := in.st.SetFollowed(ctx, r.ID, in.c.Now()); err != nil && ctx.Err() == nil {
+				if err := in.st.SetFollowed(ctx, kvroute.ServerID(r.ID), in.c.Now()); err != nil && ctx.Err() == nil {
 					log.Warn("record followed", "err", err)
 				}
 			},
@@ -513,7 +522,7 @@ func (in *Ingestor) stopWorker(o *owned) {
 		// its index goes stale from here.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := in.st.SetFollowed(ctx, o.rep.ID, time.Time{}); err != nil {
+		if err := in.st.SetFollowed(ctx, kvroute.ServerID(o.rep.ID), time.Time{}); err != nil {
 			in.log.Debug("record unfollowed", "replica", o.rep.ID, "err", err)
 		}
 	}
