@@ -27,13 +27,13 @@ type PinRecorder interface {
 // Pin-check bounds: of the last pinWindow pinned responses that the index
 // believed hit at least one block, pinMisses served none of it from
 // cache. An engine that honours the header serves what its events said it
-// holds (a miss is an eviction racing the request, rare); one that
-// round-robins over N engines misses N-1 times in N. Eight of ten then
-// trips within ten such responses, and one in five stale beliefs never
-// does.
+// holds (a miss is an eviction racing the request, rare: at one in twenty,
+// a window trips with odds of 6 in 100,000); a server that round-robins
+// over N engines misses N-1 times in N, so that even two engines trip
+// within a few windows, and four within about eight responses.
 const (
 	pinWindow = 10
-	pinMisses = 8
+	pinMisses = 5
 )
 
 // PinCheck verifies that data-parallel replicas honour the rank they are

@@ -54,7 +54,9 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
 			ifVersion, within, slackDue = -1, nil, false
 		}
-		if st, ok := r.settle(in, out); ok && ifVersion >= 0 {
+		// A merged candidate's load is several entries' the store does
+		// not add up: it is booked on the version scored instead.
+		if st, ok := r.settle(in, out); ok && ifVersion >= 0 && !ids.merged() {
 			// The store books the cheapest of the pick and its nearest
 			// rivals by their loads as they are (settle.go).
 			if o, done, err := r.bookSettled(ctx, in, loads, out, st, attempt, tm); done {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -223,5 +224,8 @@ func TestDataParallelPinIgnored(t *testing.T) {
 	}
 	if _, _, rank := h.complete(p); rank != "" {
 		t.Errorf("proxied with rank %q after the pin was dropped, want none", rank)
+	}
+	if _, body := h.call("GET", "/metrics", ""); !strings.Contains(body, `kvroute_data_parallel_pin_ignored_total{replica="dp"} 1`) {
+		t.Errorf("/metrics does not count the replica found ignoring its pins")
 	}
 }
