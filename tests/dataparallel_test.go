@@ -176,10 +176,17 @@ func TestDataParallelPinned(t *testing.T) {
 	t.Run("replicas list shows the ranks", func(t *testing.T) {
 		code, body := h.call("GET", "/v1/replicas/dp", "")
 		var got struct {
-			Ranks int `json:"data_parallel_size"`
+			Size  int `json:"data_parallel_size"`
+			Ranks []struct {
+				ID     string `json:"id"`
+				Blocks int    `json:"blocks"`
+			} `json:"ranks"`
 		}
-		if err := json.Unmarshal([]byte(body), &got); code != http.StatusOK || err != nil || got.Ranks != dpRanks {
-			t.Errorf("GET /v1/replicas/dp: %d %s, want data_parallel_size %d", code, body, dpRanks)
+		if err := json.Unmarshal([]byte(body), &got); code != http.StatusOK || err != nil || got.Size != dpRanks || len(got.Ranks) != dpRanks {
+			t.Fatalf("GET /v1/replicas/dp: %d %s, want data_parallel_size %d and as many ranks", code, body, dpRanks)
+		}
+		if got.Ranks[2].ID != "dp/2" || got.Ranks[2].Blocks == 0 {
+			t.Errorf("rank 2: %+v, want dp/2 holding blocks", got.Ranks[2])
 		}
 	})
 }
