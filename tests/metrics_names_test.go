@@ -127,7 +127,11 @@ func TestMetricNames(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, name := range regexp.MustCompile(`kvroute_[a-z_]+`).FindAllString(string(readme), -1) {
-			if _, ok := got[strings.TrimSuffix(name, "_")]; !ok {
+			name = strings.TrimSuffix(name, "_")
+			if _, late := lateSeries[name]; late {
+				continue // served once its event happens, pinned above then
+			}
+			if _, ok := got[name]; !ok {
 				t.Errorf("README names %s, which /metrics does not serve", name)
 			}
 		}
