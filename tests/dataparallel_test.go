@@ -3,9 +3,14 @@ package tests_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -234,5 +239,89 @@ func TestDataParallelPinIgnored(t *testing.T) {
 	}
 	if _, body := h.call("GET", "/metrics", ""); !strings.Contains(body, `kvroute_data_parallel_pin_ignored_total{replica="dp"} 1`) {
 		t.Errorf("/metrics does not count the replica found ignoring its pins")
+	}
+}
+
+// freeRun finds n consecutive free loopback ports, for a process that
+// binds a port per data-parallel rank.
+func freeRun(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := l.Addr().(*net.TCPAddr).Port
+		ls := []net.Listener{l}
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			li, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if ok = err == nil; ok {
+				ls = append(ls, li)
+			}
+		}
+		for _, li := range ls {
+			_ = li.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
+
+// TestDataParallelProcess: `kvroute sim-replica --data-parallel-size 4`
+// as a process, registered without its size: the ranks are learned, a
+// prompt sent to rank 2 by its header is routed and proxied to rank 2.
+func TestDataParallelProcess(t *testing.T) {
+	h := newHarness(t)
+	ports := freeRun(t, 2*dpRanks+1)
+	httpAddr := "127.0.0.1:" + strconv.Itoa(ports+2*dpRanks)
+	events, replay := "tcp://127.0.0.1:"+strconv.Itoa(ports), "tcp://127.0.0.1:"+strconv.Itoa(ports+dpRanks)
+	cmd := exec.Command(kvrouteBinary(t), "sim-replica", "--model", h.model(), "--data-parallel-size", strconv.Itoa(dpRanks),
+		"--listen", httpAddr, "--events", events, "--replay", replay, "--prefill-tokens-per-sec", "0", "--decode-tokens-per-sec", "0")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
+	url := "http://" + httpAddr
+	h.waitFor("sim-replica serves", func() bool {
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == http.StatusOK
+	})
+	body := fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, h.model(), url, events, replay)
+	if code, resp := h.call("PUT", "/v1/replicas/dp", body); code != http.StatusOK && code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, resp)
+	}
+	h.startIngestor("ing", h.openStore())
+	h.waitFor("ranks learned and followed", func() bool {
+		r, err := h.st.GetReplica(h.ctx, "dp")
+		return err == nil && r.DataParallelSize == dpRanks && !r.FollowedSince.IsZero()
+	})
+
+	r := rand.New(rand.NewPCG(21, 4))
+	p := prompt(r, nil, 10*bs+5)
+	b, _ := json.Marshal(map[string]any{"model": h.model(), "prompt": p, "max_tokens": 1})
+	req, _ := http.NewRequestWithContext(h.ctx, "POST", url+"/v1/completions", bytesReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-data-parallel-rank", "2")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	ext := prompt(r, p, 2*bs)
+	h.waitFor("rank 2's events indexed", func() bool {
+		d := h.routeDP(ext)
+		return d.Matched == 10 && d.Rank != nil && *d.Rank == 2
+	})
+	if cached, replica, rank := h.complete(ext); replica != "dp" || rank != "2" || cached != 10*bs {
+		t.Errorf("got replica %q rank %q cached %d, want dp rank 2 with %d", replica, rank, cached, 10*bs)
 	}
 }
