@@ -468,6 +468,11 @@ func (in *Ingestor) drop(o *owned, why string) {
 // mode) is still owned: its health and load are probed.
 func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time) {
 	o := &owned{rep: r, renewed: now}
+	if _, engine := r.Rank(); engine && in.c.Bind != "" {
+		// One bound SUB tells publishers apart by topic, which a
+		// server's engines share: their streams cannot be told apart.
+		in.log.Warn("a data-parallel replica's engines need dial mode (no --bind): its events go to one engine", "replica", r.ID)
+	}
 	if r.Events != "" || in.c.Bind != "" {
 		log := in.log.With("replica", r.ID)
 		var replay ReplayFunc
