@@ -217,8 +217,9 @@ func (s *fakeStore) SetDataParallelSize(_ context.Context, id string, n int) err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i, r := range s.replicas {
-		if r.ID == id {
+		if r.ID == id && r.DataParallelSize != n {
 			s.replicas[i].DataParallelSize = n
+			s.version++
 		}
 	}
 	return nil
