@@ -103,6 +103,12 @@ type Replica struct {
 	// and its own event stream, their events and replay ports offset by
 	// the rank as vLLM offsets them. 0 or 1: one engine.
 	DataParallelSize int `json:"data_parallel_size,omitempty"`
+	// PinIgnored is set, once and fleet-wide, when the served cached
+	// tokens showed that the replica's engines ignore the
+	// X-data-parallel-rank header (a vLLM without it, a server that
+	// round-robins): its engines are then routed as one replica, their
+	// caches merged, and no rank is named. Unset: ranks are pinned.
+	PinIgnored bool `json:"data_parallel_pin_ignored,omitempty"`
 }
 
 // ReplicaState is a replica's place in its lifecycle, as its discovery

@@ -91,6 +91,13 @@ func (r Replica) validate() error {
 	case r.DataParallelSize < 0 || r.DataParallelSize > MaxDataParallelSize:
 		return &FieldError{Field: "data_parallel_size", Msg: fmt.Sprintf("must be in 0..%d (0 or 1: one engine)", MaxDataParallelSize)}
 	}
+	for _, f := range []struct{ name, ep string }{{"events", r.Events}, {"replay", r.Replay}} {
+		// Engine r's endpoints are the replica's with the port offset by
+		// r: the last one must still be a port.
+		if _, err := OffsetPort(f.ep, r.Ranks()-1); err != nil {
+			return &FieldError{Field: f.name, Msg: "port cannot be offset by every data-parallel rank: " + err.Error()}
+		}
+	}
 	return nil
 }
 

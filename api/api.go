@@ -137,6 +137,11 @@ type Config struct {
 	// when its replica fails before any response byte (connection
 	// refused or reset); zero means DefaultProxyRetries, negative none.
 	ProxyRetries int
+	// PinRecorder is where the pin check (pincheck.go) records a
+	// data-parallel replica whose engines ignore the rank header, for
+	// every pod to stop pinning it; nil means Registry when it is one,
+	// else the check only logs and counts.
+	PinRecorder PinRecorder
 	// SuspectTTL is how long such a replica is skipped by this pod's
 	// decisions while others are routable; zero means
 	// DefaultSuspectTTL.
@@ -154,6 +159,8 @@ type Server struct {
 	handler http.Handler
 	prompts Prompts
 	proxy   http.RoundTripper
+	// pins verifies that data-parallel replicas honour their pins.
+	pins *PinCheck
 	// proxyLog carries httputil.ReverseProxy's own messages (a stream
 	// cut mid-copy) to slog instead of the standard log package.
 	proxyLog *log.Logger
@@ -218,6 +225,12 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("api: %w", err)
 		}
 	}
+	if cfg.PinRecorder == nil {
+		cfg.PinRecorder, _ = cfg.Registry.(PinRecorder)
+	}
+	s.pins = NewPinCheck(cfg.PinRecorder, cfg.Logger, func(ctx context.Context, replica string) {
+		m.pinIgnored.Add(ctx, 1, label("replica", replica))
+	}, s.rt.Invalidate)
 	s.handler = s.routes()
 	return s, nil
 }

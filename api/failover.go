@@ -62,6 +62,9 @@ func (p *proxyRequest) RoundTrip(out *http.Request) (*http.Response, error) {
 		// The proxy span's context (the client's own traceparent when
 		// this pod does not trace) goes to the replica.
 		p.s.inject(out.Context(), out.Header)
+		// The engine of the decision this attempt follows (a failover's
+		// may be another replica's, or none).
+		setRankHeader(out.Header, p.d.Decision)
 		resp, err := p.s.proxy.RoundTrip(out)
 		if err == nil || attempt >= p.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
 			return resp, err

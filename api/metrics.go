@@ -49,6 +49,9 @@ type metrics struct {
 	// none came), failovers the replicas a proxied request left.
 	proxied   metric.Int64Counter
 	failovers metric.Int64Counter
+	// pinIgnored counts data-parallel replicas found ignoring the rank
+	// header (pincheck.go).
+	pinIgnored metric.Int64Counter
 }
 
 // Histogram bounds, as the Prometheus client histograms had them (the
@@ -104,6 +107,8 @@ func newMetrics(mp metric.MeterProvider, reg Registry) (*metrics, error) {
 		degraded:     counter("kvroute_decisions_degraded_total", "Routing decisions made without the state store or without the prompt's token ids, by reason (the values of X-Kvroute-Degraded-Reason)."),
 		proxied:      counter("kvroute_proxied_requests_total", "Proxied OpenAI requests, by the replica's HTTP status (307: redirected; error: the replica never answered)."),
 		failovers:    counter("kvroute_proxy_failovers_total", "Proxied requests whose replica failed before answering (then marked suspect and, when another was eligible, replaced), by the failed replica."),
+		pinIgnored: counter("kvroute_data_parallel_pin_ignored_total",
+			"Data-parallel replicas this pod found ignoring the X-data-parallel-rank header (pinned responses served none of the cache the pinned engine held), by replica; each is then routed as one replica, fleet-wide."),
 	}
 	return m, errors.Join(errs...)
 }

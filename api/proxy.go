@@ -262,7 +262,10 @@ func (p *proxyRequest) modifyResponse(resp *http.Response) error {
 	if ok {
 		believed := believedCached(d)
 		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-		src = newUsageTap(resp.Body, sse, p.fw.stripUsage, func(u usage) { s.m.served(ctx, d.Replica.ID, believed, u) })
+		src = newUsageTap(resp.Body, sse, p.fw.stripUsage, func(u usage) {
+			s.m.served(ctx, d.Replica.ID, believed, u)
+			s.checkPin(ctx, d, believed, u)
+		})
 		if p.fw.stripUsage {
 			resp.Header.Del("Content-Length")
 		}

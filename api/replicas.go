@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -57,6 +58,9 @@ type ReplicaDetail struct {
 	AppliedSeq  *int64        `json:"applied_seq,omitempty"`
 	LastApplied time.Time     `json:"last_applied,omitzero"`
 	Load        *kvroute.Load `json:"load,omitempty"`
+	// Ranks is a data-parallel replica's engines, each its own cache and
+	// load (rankDetails); absent for a replica of one engine.
+	Ranks []ReplicaDetail `json:"ranks,omitempty"`
 }
 
 func (s *Server) listReplicas(w http.ResponseWriter, r *http.Request) {
@@ -100,7 +104,44 @@ func (s *Server) getReplica(w http.ResponseWriter, r *http.Request) {
 	if len(loads) == 1 {
 		d.Load = &loads[0]
 	}
+	if d.Ranks, err = s.rankDetails(ctx, rep); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	writeJSON(w, http.StatusOK, d)
+}
+
+// rankDetails is what the index and the load counters say of each of
+// rep's data-parallel engines (kvroute.Replica.Engines): each engine is
+// indexed and loaded as a replica of its own.
+func (s *Server) rankDetails(ctx context.Context, rep kvroute.Replica) ([]ReplicaDetail, error) {
+	if rep.Ranks() <= 1 {
+		return nil, nil
+	}
+	engines := rep.Engines()
+	ids := make([]string, len(engines))
+	for i, e := range engines {
+		ids[i] = e.ID
+	}
+	loads, err := s.reg.Loads(ctx, rep.Model, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ReplicaDetail, len(engines))
+	for i, e := range engines {
+		st, err := s.reg.Stats(ctx, rep.Model, e.ID)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = ReplicaDetail{Replica: e, Routable: e.Routable(), Blocks: st.Blocks, LastApplied: st.LastApplied}
+		if st.HasSeq {
+			out[i].AppliedSeq = &st.AppliedSeq
+		}
+		if len(loads) == len(engines) {
+			out[i].Load = &loads[i]
+		}
+	}
+	return out, nil
 }
 
 // putReplica registers or replaces a replica. The path names the resource,

@@ -89,8 +89,12 @@ type RouteResponse struct {
 	// IndexIncomplete is true when no ingestor has caught up yet on the
 	// chosen replica's events (just registered, or its ingestor died):
 	// matched_blocks may be short of what it holds.
-	IndexIncomplete bool            `json:"index_incomplete,omitempty"`
-	Candidates      []scoring.Score `json:"candidates,omitempty"`
+	IndexIncomplete bool `json:"index_incomplete,omitempty"`
+	// DataParallelRank is the engine of a data-parallel replica the
+	// decision chose, for the X-data-parallel-rank header; absent when
+	// the replica has one engine or picks its own.
+	DataParallelRank *int            `json:"data_parallel_rank,omitempty"`
+	Candidates       []scoring.Score `json:"candidates,omitempty"`
 }
 
 // ProgressResponse answers first-token and release. Found is false when
@@ -171,8 +175,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 
 // routeResponse is a decision's answer, without the candidates.
 func routeResponse(d keyed) RouteResponse {
+	var rank *int
+	if d.Pinned {
+		rank = &d.DataParallelRank
+	}
 	return RouteResponse{
-		RequestID: d.RequestID, Replica: ReplicaRef{ID: d.Replica.ID, URL: d.Replica.URL},
+		DataParallelRank: rank,
+		RequestID:        d.RequestID, Replica: ReplicaRef{ID: d.Replica.ID, URL: d.Replica.URL},
 		MatchedBlocks: d.Matched, Approximate: d.Approximate, PromptBlocks: d.PromptBlocks,
 		BlockSize: d.BlockSize, Policy: string(d.Policy), Mode: d.Mode,
 		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
@@ -301,6 +310,7 @@ func setDecisionHeaders(h http.Header, d keyed) {
 	h.Set(HeaderReplica, d.Replica.ID)
 	h.Set(HeaderTokenization, string(d.prompt.Source))
 	h.Set(HeaderMatchedBlocks, strconv.Itoa(d.Matched))
+	setRankHeader(h, d.Decision)
 	var reasons []string
 	if d.IndexIncomplete {
 		reasons = append(reasons, ReasonIndexIncomplete)

@@ -340,9 +340,11 @@ func (r *Reconciler) apply(ctx context.Context, name, id string, ep Endpoint, cu
 	if returning {
 		// Back before its purge: a restarted engine, whose cache is empty
 		// and whose event seq starts over. Reset before it is routable.
-		if err := r.c.Registry.ResetReplica(ctx, cur.Model, id); err != nil {
-			r.log.Warn("discovery: reset a returning replica", "source", name, "replica", id, "err", err)
-			return
+		for _, e := range cur.Engines() {
+			if err := r.c.Registry.ResetReplica(ctx, cur.Model, e.ID); err != nil {
+				r.log.Warn("discovery: reset a returning replica", "source", name, "replica", e.ID, "err", err)
+				return
+			}
 		}
 	}
 	err := r.c.Registry.EditReplica(ctx, id, func(rep *kvroute.Replica, ok bool) (bool, error) {

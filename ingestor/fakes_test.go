@@ -213,6 +213,18 @@ func (s *fakeStore) SetBlockSize(_ context.Context, id string, size int) error {
 	return nil
 }
 
+func (s *fakeStore) SetDataParallelSize(_ context.Context, id string, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, r := range s.replicas {
+		if r.ID == id && r.DataParallelSize != n {
+			s.replicas[i].DataParallelSize = n
+			s.version++
+		}
+	}
+	return nil
+}
+
 func (s *fakeStore) SetFollowed(_ context.Context, id string, since time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -55,6 +55,10 @@ type Store interface {
 	// SetBlockSize records the block size the replica reports, which the
 	// router keys the model's requests with.
 	SetBlockSize(ctx context.Context, id string, size int) error
+	// SetDataParallelSize records how many data-parallel engines the
+	// replica's metrics label, when nobody declared it, so that every
+	// process follows, loads and routes them apart.
+	SetDataParallelSize(ctx context.Context, id string, n int) error
 	// SetFollowed records when the replica's stream was caught up (zero:
 	// nobody follows it), which tells decisions its index is complete.
 	SetFollowed(ctx context.Context, id string, since time.Time) error
@@ -338,7 +342,12 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 	}
 	next := make(map[string]kvroute.Replica, len(reps))
 	for _, r := range reps {
-		next[r.ID] = r
+		// A data-parallel replica is followed engine by engine, each
+		// its own stream, cache and lease; its health and metrics are
+		// the server's, read once (health.go).
+		for _, e := range r.Engines() {
+			next[e.ID] = e
+		}
 	}
 	var gone, changed []*owned
 	in.mu.Lock()
@@ -459,6 +468,11 @@ func (in *Ingestor) drop(o *owned, why string) {
 // mode) is still owned: its health and load are probed.
 func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time) {
 	o := &owned{rep: r, renewed: now}
+	if _, engine := r.Rank(); engine && in.c.Bind != "" {
+		// One bound SUB tells publishers apart by topic, which a
+		// server's engines share: their streams cannot be told apart.
+		in.log.Warn("a data-parallel replica's engines need dial mode (no --bind): its events go to one engine", "replica", r.ID)
+	}
 	if r.Events != "" || in.c.Bind != "" {
 		log := in.log.With("replica", r.ID)
 		var replay ReplayFunc
@@ -479,7 +493,7 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 			onSynced: func(ctx context.Context) {
 				// Decisions say a replica's index is incomplete until
 				// this is recorded.
-				if err := in.st.SetFollowed(ctx, r.ID, in.c.Now()); err != nil && ctx.Err() == nil {
+				if err := in.st.SetFollowed(ctx, kvroute.ServerID(r.ID), in.c.Now()); err != nil && ctx.Err() == nil {
 					log.Warn("record followed", "err", err)
 				}
 			},
@@ -513,7 +527,7 @@ func (in *Ingestor) stopWorker(o *owned) {
 		// its index goes stale from here.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if err := in.st.SetFollowed(ctx, o.rep.ID, time.Time{}); err != nil {
+		if err := in.st.SetFollowed(ctx, kvroute.ServerID(o.rep.ID), time.Time{}); err != nil {
 			in.log.Debug("record unfollowed", "replica", o.rep.ID, "err", err)
 		}
 	}

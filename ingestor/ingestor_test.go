@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -267,8 +268,11 @@ vllm:cache_config_info{block_size="32",enable_prefix_caching="True",prefix_cachi
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ingestor.VLLMMetrics{Waiting: 5, Running: 4, KVUsage: 0.75, BlockSize: 32, Found: true}
-	if got != want {
+	want := ingestor.VLLMMetrics{
+		EngineLoad: ingestor.EngineLoad{Waiting: 5, Running: 4, KVUsage: 0.75}, BlockSize: 32, Found: true,
+		Engines: map[int]ingestor.EngineLoad{0: {Waiting: 3, Running: 4, KVUsage: 0.25}, 1: {Waiting: 2, KVUsage: 0.75}},
+	}
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 	t.Run("older gauge name", func(t *testing.T) {

@@ -30,10 +30,10 @@ const (
 )
 
 // book scores in and books the pick, through lost booking races: loads
-// and ids are the candidates' loads as read and their ids. A store that
+// and ids are the candidates' loads as read and what the index knows them by. A store that
 // fails the reservation is an error wrapping kvroute.ErrUnavailable (the
 // caller answers degraded).
-func (r *Router) book(ctx context.Context, model string, in Input, loads []kvroute.Load, ids []string, tm *Stages) (Outcome, error) {
+func (r *Router) book(ctx context.Context, model string, in Input, loads []kvroute.Load, ids candidates, tm *Stages) (Outcome, error) {
 	started := r.now()
 	out, err := r.decide(ctx, model, in, tm)
 	if err != nil {
@@ -54,7 +54,9 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
 			ifVersion, within, slackDue = -1, nil, false
 		}
-		if st, ok := r.settle(in, out); ok && ifVersion >= 0 {
+		// A merged candidate's load is several entries' the store does
+		// not add up: it is booked on the version scored instead.
+		if st, ok := r.settle(in, out); ok && ifVersion >= 0 && !ids.merged() {
 			// The store books the cheapest of the pick and its nearest
 			// rivals by their loads as they are (settle.go).
 			if o, done, err := r.bookSettled(ctx, in, loads, out, st, attempt, tm); done {
@@ -126,12 +128,13 @@ func (r *Router) decide(ctx context.Context, model string, in Input, tm *Stages)
 // reread reads every candidate's load again and writes it to in; ok is
 // false when the store did not answer n of them, and the booking goes on
 // with what is known.
-func (r *Router) reread(ctx context.Context, model string, in Input, ids []string, n int, tm *Stages) ([]kvroute.Load, bool) {
+func (r *Router) reread(ctx context.Context, model string, in Input, ids candidates, n int, tm *Stages) ([]kvroute.Load, bool) {
 	lctx, st := r.stage(ctx, "kvroute.loads", &tm.Reserve)
 	sctx, cancel := r.storeCtx(lctx)
-	fresh, err := r.idx.Loads(sctx, model, ids)
+	fresh, err := r.idx.Loads(sctx, model, ids.ids)
 	cancel()
 	st.end(err)
+	fresh = ids.foldLoads(fresh)
 	if err != nil || len(fresh) != n {
 		return nil, false
 	}

@@ -203,6 +203,12 @@ type Decision struct {
 	// no ingestor has caught up on them yet (a replica just registered, or
 	// one whose ingestor died): what the index says it holds may be short.
 	IndexIncomplete bool
+	// Pinned is true when Replica is data-parallel and the decision chose
+	// one of its engines, DataParallelRank, which the request must name
+	// in vLLM's X-data-parallel-rank header; Candidates then name engines
+	// (kvroute.EngineID). False: the server picks its engine.
+	Pinned           bool
+	DataParallelRank int
 }
 
 // Router decides. It is safe for concurrent use.
@@ -368,24 +374,22 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		return r.vanished(ctx, req.Model)
 	}
 	fleet = r.suspects.demote(r.now(), fleet)
+	cands := expand(fleet)
 	bs := r.BlockSize(req.Model, fleet)
 	_, st = r.stage(ctx, "kvroute.keying", &tm.Keying)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
 	st.end(nil, attribute.Int("kvroute.prompt_blocks", len(keys)), attribute.Int("kvroute.block_size", bs))
 	d := Decision{RequestID: r.newID(req.Model), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
 
-	ids := make([]string, len(fleet))
-	for i, rep := range fleet {
-		ids[i] = rep.ID
-	}
 	var overlaps []kvroute.Overlap
 	var loads []kvroute.Load
 	if !skip {
 		lctx, st := r.stage(ctx, "kvroute.lookup", &tm.Lookup)
 		sctx, cancel := r.storeCtx(lctx)
-		overlaps, loads, err = r.idx.Lookup(sctx, req.Model, keys, ids)
+		overlaps, loads, err = r.idx.Lookup(sctx, req.Model, keys, cands.ids)
 		cancel()
-		st.end(err, attribute.Int("kvroute.candidates", len(ids)))
+		st.end(err, attribute.Int("kvroute.candidates", len(cands.fleet)))
+		overlaps, loads = cands.foldOverlaps(overlaps), cands.foldLoads(loads)
 	}
 	if skip || err != nil {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
@@ -396,8 +400,8 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		}
 		return r.degraded(d, fleet, err)
 	}
-	in := r.input(d, req, fleet, overlaps, loads)
-	out, err := r.book(ctx, req.Model, in, loads, ids, tm)
+	in := r.input(d, req, cands.fleet, overlaps, loads)
+	out, err := r.book(ctx, req.Model, in, loads, cands, tm)
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
 			r.markDown(r.modelWindow(req.Model))
@@ -410,7 +414,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		// partial until the ingestors' replays land: say so.
 		d.Degraded, d.Reason = true, ReasonStoreReset
 	}
-	r.booked(ctx, &d, req.Model, fleet, keys, out)
+	r.booked(ctx, &d, req.Model, cands, keys, out)
 	return d, nil
 }
 
@@ -474,9 +478,10 @@ func (r *Router) input(d Decision, req Request, fleet []kvroute.Replica, overlap
 
 // booked fills d from the booking out made on fleet (model's replicas), and remembers what
 // was sent to a replica that publishes no events.
-func (r *Router) booked(ctx context.Context, d *Decision, model string, fleet []kvroute.Replica, keys []kvroute.BlockKey, out Outcome) {
-	p := out.Pick
-	d.Replica = fleet[p]
+func (r *Router) booked(ctx context.Context, d *Decision, model string, cands candidates, keys []kvroute.BlockKey, out Outcome) {
+	p, fleet := out.Pick, cands.fleet
+	d.Replica = cands.server(fleet[p])
+	d.DataParallelRank, d.Pinned = fleet[p].Rank()
 	d.IndexIncomplete = fleet[p].Events != "" && fleet[p].FollowedSince.IsZero()
 	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
 	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires

@@ -41,7 +41,7 @@ func (s *Store) PutReplica(ctx context.Context, r kvroute.Replica) error {
 		return wrap("put replica", err)
 	}
 	if old.Model != "" && old.Model != r.Model {
-		if err := s.PurgeReplica(ctx, old.Model, r.ID); err != nil {
+		if err := s.purgeServer(ctx, old.Model, old); err != nil {
 			return err
 		}
 	}
@@ -82,8 +82,26 @@ func (s *Store) DeleteReplica(ctx context.Context, id string) error {
 	if err != nil {
 		return wrap("delete replica", err)
 	}
-	if err := s.PurgeReplica(ctx, r.Model, id); err != nil {
+	if err := s.purgeServer(ctx, r.Model, r); err != nil {
 		return err
+	}
+	return nil
+}
+
+// purgeServer purges a registered replica's state under model: its own,
+// and each data-parallel engine's, which the index, loads and leases know
+// by engine ID.
+func (s *Store) purgeServer(ctx context.Context, model string, r kvroute.Replica) error {
+	if err := s.PurgeReplica(ctx, model, r.ID); err != nil {
+		return err
+	}
+	if r.DataParallelSize <= 1 {
+		return nil
+	}
+	for _, e := range r.Engines() {
+		if err := s.PurgeReplica(ctx, model, e.ID); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -238,6 +256,7 @@ func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute
 	}
 	for range 16 {
 		var oldModel string
+		var old kvroute.Replica
 		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
 			var r kvroute.Replica
 			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
@@ -250,7 +269,7 @@ func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute
 					return fmt.Errorf("store: edit replica %q: %w", id, err)
 				}
 			}
-			oldModel = r.Model
+			oldModel, old = r.Model, r
 			write, err := edit(&r, found)
 			if err != nil || !write {
 				oldModel = ""
@@ -285,7 +304,8 @@ func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute
 			return err
 		}
 		if oldModel != "" {
-			return s.PurgeReplica(ctx, oldModel, id)
+			old.ID = id
+			return s.purgeServer(ctx, oldModel, old)
 		}
 		return nil
 	}
@@ -303,7 +323,7 @@ func (s *Store) DeleteReplicaIf(ctx context.Context, id string, del func(kvroute
 		return false, fmt.Errorf("store: delete replica %q: %w", id, kvroute.ErrInvalidInput)
 	}
 	for range 16 {
-		var model string
+		var gone kvroute.Replica
 		deleted := false
 		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
 			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
@@ -324,7 +344,7 @@ func (s *Store) DeleteReplicaIf(ctx context.Context, id string, del func(kvroute
 				p.HIncrBy(ctx, keyReplicas, fieldRegVer, 1)
 				return nil
 			})
-			model, deleted = r.Model, err == nil
+			gone, deleted = r, err == nil
 			return err
 		}, keyReplicas)
 		if err == redis.TxFailedErr {
@@ -334,9 +354,36 @@ func (s *Store) DeleteReplicaIf(ctx context.Context, id string, del func(kvroute
 			return false, err
 		}
 		if deleted {
-			return true, s.PurgeReplica(ctx, model, id)
+			gone.ID = id
+			return true, s.purgeServer(ctx, gone.Model, gone)
 		}
 		return false, nil
 	}
 	return false, fmt.Errorf("store: delete replica %q: too much contention", id)
+}
+
+// SetDataParallelSize records how many data-parallel engines the replica
+// runs, as its metrics' engine labels say (an ingestor learns it when no
+// operator declared it). It writes, and moves the registry version, only
+// when the size changes.
+func (s *Store) SetDataParallelSize(ctx context.Context, id string, n int) error {
+	if n < 0 || n > kvroute.MaxDataParallelSize {
+		return fmt.Errorf("store: set data parallel size %q: %d: %w", id, n, kvroute.ErrInvalidInput)
+	}
+	return s.updateReplica(ctx, "set data parallel size", id, func(r *kvroute.Replica) bool {
+		changed := r.DataParallelSize != n
+		r.DataParallelSize = n
+		return changed
+	})
+}
+
+// SetPinIgnored records that the replica's engines ignore the rank
+// header, so that every pod routes it as one replica from its next
+// registry read. It is written once; a later call changes nothing.
+func (s *Store) SetPinIgnored(ctx context.Context, id string) error {
+	return s.updateReplica(ctx, "set pin ignored", id, func(r *kvroute.Replica) bool {
+		changed := !r.PinIgnored
+		r.PinIgnored = true
+		return changed
+	})
 }

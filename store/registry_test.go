@@ -128,3 +128,44 @@ func TestOwnership(t *testing.T) {
 		}
 	})
 }
+
+// A data-parallel replica's loads and leases are kept under its engines'
+// IDs; deleting the replica (by hand, or discovery's purge) must release
+// them too, or its bookings would outlive it.
+func TestDeleteDataParallelReplica(t *testing.T) {
+	ctx := context.Background()
+	forBackends(t, func(t *testing.T, e *env) {
+		dp := kvroute.Replica{ID: "dp", Model: mdl, URL: "http://dp:8000", Events: "tcp://dp:5557", DataParallelSize: 2}
+		del := map[string]func() error{
+			"DeleteReplica": func() error { return e.s.DeleteReplica(ctx, "dp") },
+			"DeleteReplicaIf": func() error {
+				ok, err := e.s.DeleteReplicaIf(ctx, "dp", func(kvroute.Replica) bool { return true })
+				if err == nil && !ok {
+					t.Error("DeleteReplicaIf did not delete")
+				}
+				return err
+			},
+		}
+		for name, fn := range del {
+			t.Run(name, func(t *testing.T) {
+				if err := e.s.PutReplica(ctx, dp); err != nil {
+					t.Fatal(err)
+				}
+				exp := e.clk.Now().Add(time.Minute)
+				for _, eng := range dp.Engines() {
+					if ok, _, err := e.s.Reserve(ctx, lease(name+eng.ID, eng.ID, 3, 2, exp), -1); err != nil || !ok {
+						t.Fatalf("reserve on %s: %v, %v", eng.ID, ok, err)
+					}
+				}
+				if err := fn(); err != nil {
+					t.Fatal(err)
+				}
+				for _, eng := range dp.Engines() {
+					if l := loadOf(t, e, eng.ID); l.PrefillBlocks != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
+						t.Errorf("%s's load after delete = %+v, want none", eng.ID, l)
+					}
+				}
+			})
+		}
+	})
+}

@@ -46,7 +46,7 @@ func (allBlocksCleared) isEvent() {}
 // [ts float64, events, data_parallel_rank]. Integers take their shortest
 // msgpack form (uint64 0xcf only for hashes >= 2^63) and ts stays a float64,
 // because that is what a Python publisher emits and what decoders must accept.
-func encodeBatch(encoding string, ts float64, events []event) ([]byte, error) {
+func encodeBatch(encoding string, ts float64, events []event, rank int) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	enc.UseCompactInts(true)
@@ -61,7 +61,7 @@ func encodeBatch(encoding string, ts float64, events []event) ([]byte, error) {
 			w.eventArray(ev)
 		}
 	}
-	w.uint(0) // data_parallel_rank: a simulated replica is always rank 0.
+	w.uint(uint64(rank)) // data_parallel_rank
 	if w.err != nil {
 		return nil, fmt.Errorf("msgpack batch: %w", w.err)
 	}

@@ -124,7 +124,7 @@ func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	queries, hits := r.queries, r.hits
 	r.mu.Unlock()
 
-	lbl := fmt.Sprintf(`engine="0",model_name=%q`, r.cfg.Model)
+	lbl := fmt.Sprintf(`engine="%d",model_name=%q`, r.cfg.DataParallelRank, r.cfg.Model)
 	var b strings.Builder
 	series := func(name, typ, help string, labels string, v float64) {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %g\n", name, help, name, typ, name, labels, v)
@@ -136,8 +136,8 @@ func (r *Replica) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	series("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", lbl, float64(hits))
 	series("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", lbl, 0)
 	series("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
-		fmt.Sprintf(`block_size="%d",enable_prefix_caching="True",engine="0",model_name=%q,num_gpu_blocks="%d",prefix_caching_hash_algo="sha256_cbor"`,
-			r.cfg.BlockSize, r.cfg.Model, r.cfg.CapacityBlocks), 1)
+		fmt.Sprintf(`block_size="%d",enable_prefix_caching="True",engine="%d",model_name=%q,num_gpu_blocks="%d",prefix_caching_hash_algo="sha256_cbor"`,
+			r.cfg.BlockSize, r.cfg.DataParallelRank, r.cfg.Model, r.cfg.CapacityBlocks), 1)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	_, _ = w.Write([]byte(b.String()))
 }

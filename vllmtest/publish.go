@@ -31,7 +31,7 @@ func (r *Replica) emitLocked(events ...event) {
 		return
 	}
 	ts := float64(r.cfg.Now().UnixNano()) / 1e9
-	payload, err := encodeBatch(r.cfg.EventEncoding, ts, events)
+	payload, err := encodeBatch(r.cfg.EventEncoding, ts, events, r.cfg.DataParallelRank)
 	if err != nil {
 		// Unreachable with the types encoded here; keep the seq gap
 		// visible rather than silently reusing the number.

@@ -105,6 +105,11 @@ type Config struct {
 	// without "*": the router binds one SUB and every replica connects,
 	// telling itself apart by Topic. Empty means bind.
 	ConnectEvents string
+	// DataParallelRank is the engine's data-parallel rank, sent in every
+	// batch (data_parallel_rank) and as the engine label of its metrics,
+	// as vLLM's engine r of a --data-parallel-size deployment does (see
+	// DataParallel). Zero is vLLM's single engine.
+	DataParallelRank int
 	// Logger receives operational logs. A nil Logger discards
 	// (slog.New(slog.DiscardHandler)), as in every kvroute package.
 	Logger *slog.Logger

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/app"
 )
 
@@ -29,6 +30,8 @@ func parseSimReplica(args []string, getenv func(string) string, stderr io.Writer
 	fs.IntVar(&c.CapacityBlocks, "capacity-blocks", 4096, "blocks its prefix cache holds before it evicts (LRU)")
 	fs.Float64Var(&c.PrefillTokensPerSec, "prefill-tokens-per-sec", 20000, "simulated prefill speed, in uncached prompt tokens a second (0: instantaneous)")
 	fs.Float64Var(&c.DecodeTokensPerSec, "decode-tokens-per-sec", 200, "simulated decode speed, in output tokens a second (0: instantaneous)")
+	fs.IntVar(&c.DataParallelSize, "data-parallel-size", 1, "data-parallel engines behind the one HTTP port, as vLLM's: engine r's events and replay ports are --events' and --replay's plus r")
+	fs.BoolVar(&c.IgnoreDataParallelRank, "ignore-data-parallel-rank", false, "round-robin requests over the engines whatever their X-data-parallel-rank header says (a vLLM without the header)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	fs.Usage = flagUsage(fs, stderr, "sim-replica", "Runs one simulated vLLM replica (no model, no GPU): the OpenAI API, KV cache events over ZeroMQ\nwith a replay socket, and Qwen3's tokenizer and chat template. For local fleets and trials; register it\nwith kvroute serve like any replica.\n")
@@ -49,6 +52,8 @@ func parseSimReplica(args []string, getenv func(string) string, stderr io.Writer
 		return c, lc, fmt.Errorf("--block-size must be positive, got %d", c.BlockSize)
 	case c.CapacityBlocks <= 0:
 		return c, lc, fmt.Errorf("--capacity-blocks must be positive, got %d", c.CapacityBlocks)
+	case c.DataParallelSize < 1 || c.DataParallelSize > kvroute.MaxDataParallelSize:
+		return c, lc, fmt.Errorf("--data-parallel-size must be in 1..%d, got %d", kvroute.MaxDataParallelSize, c.DataParallelSize)
 	case !(c.PrefillTokensPerSec >= 0) || !(c.DecodeTokensPerSec >= 0):
 		return c, lc, errors.New("--prefill-tokens-per-sec and --decode-tokens-per-sec must be 0 or more")
 	}

@@ -32,6 +32,8 @@ func TestParseSimReplica(t *testing.T) {
 		{name: "speed", args: []string{"--decode-tokens-per-sec", "-5"}, wantErr: "tokens-per-sec"},
 		{name: "not a number", args: []string{"--prefill-tokens-per-sec", "fast"}, wantErr: "prefill-tokens-per-sec"},
 		{name: "stray argument", args: []string{"now"}, wantErr: "unexpected arguments"},
+		{name: "no engines", args: []string{"--data-parallel-size", "0"}, wantErr: "--data-parallel-size"},
+		{name: "too many engines", args: []string{"--data-parallel-size", "65"}, wantErr: "--data-parallel-size"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,5 +49,19 @@ func TestParseSimReplica(t *testing.T) {
 			}
 			tt.check(t, c.Listen, c.Events, c.Replay, c.Model, c.BlockSize)
 		})
+	}
+}
+
+func TestParseSimReplicaDataParallel(t *testing.T) {
+	c, _, err := parseSimReplica([]string{"--data-parallel-size", "4", "--ignore-data-parallel-rank"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DataParallelSize != 4 || !c.IgnoreDataParallelRank {
+		t.Errorf("got size %d ignore %v, want 4 and true", c.DataParallelSize, c.IgnoreDataParallelRank)
+	}
+	c, _, err = parseSimReplica(nil, func(string) string { return "" }, io.Discard)
+	if err != nil || c.DataParallelSize != 1 || c.IgnoreDataParallelRank {
+		t.Errorf("default: size %d ignore %v (%v), want one engine honouring the header", c.DataParallelSize, c.IgnoreDataParallelRank, err)
 	}
 }

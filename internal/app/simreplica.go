@@ -32,6 +32,14 @@ type SimReplicaConfig struct {
 	// takes (uncached prompt tokens, then each output token); zero means
 	// instantaneous.
 	PrefillTokensPerSec, DecodeTokensPerSec float64
+	// DataParallelSize runs that many engines behind Listen, as vllm
+	// serve --data-parallel-size does: engine r binds Events and Replay
+	// with their ports offset by r. Zero or one means one engine.
+	DataParallelSize int
+	// IgnoreDataParallelRank makes a data-parallel replica round-robin
+	// requests whatever their X-data-parallel-rank header says, as a vLLM
+	// without the header does. False honours the header.
+	IgnoreDataParallelRank bool
 	// Logger receives its logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -57,13 +65,22 @@ func RunSimReplica(ctx context.Context, c SimReplicaConfig) error {
 	if err != nil {
 		return err
 	}
-	r, err := vllmtest.New(vllmtest.Config{
+	cfg := vllmtest.Config{
 		Model: c.Model, BlockSize: c.BlockSize, CapacityBlocks: c.CapacityBlocks,
 		PrefillTokensPerSec: c.PrefillTokensPerSec, DecodeTokensPerSec: c.DecodeTokensPerSec,
 		Tokenizer: enc, ChatTemplate: tmpl, Topic: c.Topic,
 		HTTPAddr: c.Listen, EventsEndpoint: c.Events, ReplayEndpoint: c.Replay,
 		Logger: log,
-	})
+	}
+	var r interface {
+		Start(context.Context) error
+		Stop() error
+	}
+	if c.DataParallelSize > 1 {
+		r, err = vllmtest.NewDataParallel(cfg, c.DataParallelSize, c.IgnoreDataParallelRank)
+	} else {
+		r, err = vllmtest.New(cfg)
+	}
 	if err != nil {
 		return err
 	}
