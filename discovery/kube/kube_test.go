@@ -72,6 +72,19 @@ func (w *watcher) until(what string, want []discovery.Endpoint) {
 	}
 }
 
+// next is the next set reported.
+func (w *watcher) next(what string) []discovery.Endpoint {
+	w.tb.Helper()
+	select {
+	case w.last = <-w.updates:
+		w.seen = true
+		return w.last
+	case <-time.After(bound):
+		w.tb.Fatalf("%s: no set reported", what)
+		return nil
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 func port(name string, p int32) discoveryv1.EndpointPort {
@@ -121,6 +134,20 @@ func TestServiceLifecycle(t *testing.T) {
 	vllm0 := discovery.Endpoint{Name: "vllm-0", Host: "10.0.0.1", HTTPPort: 8080, EventsPort: 6557, ReplayPort: 6558, Labels: zoneA}
 	w.until("add", []discovery.Endpoint{vllm0})
 
+	t.Run("a change kvroute does not read is not reported", func(t *testing.T) {
+		s.Annotations = map[string]string{"note": "irrelevant"}
+		s = update(t, slices, s)
+		s.Endpoints[0].Addresses = []string{"10.0.0.11"}
+		s = update(t, slices, s)
+		moved := vllm0
+		moved.Host = "10.0.0.11"
+		if got := w.next("after an annotation, then a new address"); !reflect.DeepEqual(got, []discovery.Endpoint{moved}) {
+			t.Errorf("next set reported %+v, want only the moved endpoint %+v (the unchanged set is not reported again)", got, moved)
+		}
+		s.Endpoints[0].Addresses = []string{"10.0.0.1"}
+		s = update(t, slices, s)
+		w.until("address back", []discovery.Endpoint{vllm0})
+	})
 	t.Run("not ready is left out until ready", func(t *testing.T) {
 		s.Endpoints = append(s.Endpoints, ep("vllm-1", "10.0.0.2", false, false, false))
 		s = update(t, slices, s)
