@@ -62,7 +62,8 @@ type Config struct {
 }
 
 // ParseTarget splits a "namespace/name" flag value (a Service, or a label
-// selector, which may itself contain no slash) into its two parts.
+// selector) into its two parts. The first slash ends the namespace, so a
+// selector keeps slashes of its own (kvroute/app.kubernetes.io/name=vllm).
 func ParseTarget(s string) (namespace, name string, err error) {
 	ns, rest, ok := strings.Cut(s, "/")
 	switch {
@@ -165,9 +166,11 @@ func (s *source) Name() string {
 
 // Run starts one informer, waits for its first list, reports the set, and
 // reports it again after every change. Events only mark the set dirty (a
-// channel of one), so a burst (a Deployment scaled by ten) is reported
-// once or twice, not ten times; a set equal to the last one reported (a
-// resync, a status change kvroute does not read) is not reported.
+// channel of one): those that arrive while a set is listed or being
+// reported fold into the next report, so a burst (a Deployment scaled by
+// ten) costs as many reports as the consumer can take, not one per event;
+// a set equal to the last one reported (a resync, a status change kvroute
+// does not read) is not reported.
 func (s *source) Run(ctx context.Context, update func([]discovery.Endpoint)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

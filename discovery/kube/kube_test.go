@@ -353,6 +353,7 @@ func TestParseTarget(t *testing.T) {
 	}{
 		{"default/vllm", "default", "vllm", false},
 		{"ml/app=vllm", "ml", "app=vllm", false},
+		{"kvroute/app.kubernetes.io/name=vllm", "kvroute", "app.kubernetes.io/name=vllm", false},
 		{"ml/app in (a/b)", "ml", "app in (a/b)", false},
 		{"vllm", "", "", true},
 		{"/vllm", "", "", true},
