@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"reflect"
 	"testing"
 	"time"
@@ -11,7 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/discovery/kube"
@@ -305,6 +309,60 @@ func TestSelectorLifecycle(t *testing.T) {
 		}
 		w.until("vllm-1 failed", []discovery.Endpoint{})
 	})
+}
+
+// TestListFails: an API server that refuses the list is asked again (the
+// reflector's back-off), and nothing is reported meanwhile: no empty set
+// that would look like a fleet gone.
+func TestListFails(t *testing.T) {
+	client := fake.NewClientset(pod("vllm-0", "10.0.1.1", true, map[string]string{"app": "vllm"}))
+	lists := make(chan struct{}, 16)
+	client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		select {
+		case lists <- struct{}{}:
+		default:
+		}
+		return true, nil, errors.New("forbidden, say")
+	})
+	src, err := kube.New(kube.Config{Namespace: ns, Selector: "app=vllm", Client: client,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	reported := make(chan []discovery.Endpoint, 1)
+	go func() {
+		done <- src.Run(ctx, func(es []discovery.Endpoint) {
+			select {
+			case reported <- es:
+			default:
+			}
+		})
+	}()
+	for i := range 2 {
+		select {
+		case <-lists:
+		case err := <-done:
+			t.Fatalf("Run returned %v before the list was retried", err)
+		case <-time.After(bound):
+			t.Fatalf("list %d not attempted within %v", i+1, bound)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run returned %v, want context.Canceled", err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("Run did not return within %v of its context ending", bound)
+	}
+	select {
+	case es := <-reported:
+		t.Errorf("reported %+v while the list failed, want nothing", es)
+	default:
+	}
 }
 
 func TestNew(t *testing.T) {
