@@ -175,7 +175,7 @@ func TestKustomizationFiles(t *testing.T) {
 // TestOverlays renders the base and every overlay with kustomize and checks
 // what must agree across the rendered objects.
 func TestOverlays(t *testing.T) {
-	env := map[string]map[string]bool{"serve": envNames(t, "serve"), "ingest": envNames(t, "ingest")}
+	env := map[string]map[string]bool{"serve": envNames(t, "serve"), "ingest": envNames(t, "ingest"), "sim-replica": envNames(t, "sim-replica")}
 	exposed := dockerfileExposed(t)
 	for _, dir := range deployables(t) {
 		t.Run(dir, func(t *testing.T) {
@@ -202,6 +202,17 @@ func TestOverlays(t *testing.T) {
 		}
 		for _, s := range prod.Secrets {
 			t.Errorf("production renders Secret %s: its credentials are made out of band", s.Name)
+		}
+		for name, o := range map[string]*objects{"dev": dev, "production": prod} {
+			if !argsHave(o, "kvroute-ingest", "--discover-k8s-service", "--discover-k8s-selector") {
+				t.Errorf("%s: the ingestors discover no Kubernetes fleet", name)
+			}
+		}
+		if dev.deployment("kvroute-sim") == nil {
+			t.Errorf("dev: no Deployment kvroute-sim (the simulated replicas it discovers)")
+		}
+		if prod.deployment("kvroute-sim") != nil {
+			t.Errorf("production renders the simulated replicas")
 		}
 		if got := len(dev.Secrets); got != 1 {
 			t.Errorf("dev: %d Secrets, want 1 (generated)", got)

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -64,6 +65,8 @@ type objects struct {
 	PDBs            []policyv1.PodDisruptionBudget
 	NetworkPolicies []networkingv1.NetworkPolicy
 	HTTPScaled      []httpScaledObject
+	Roles           []rbacv1.Role
+	RoleBindings    []rbacv1.RoleBinding
 }
 
 var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
@@ -111,6 +114,10 @@ func (o *objects) addOne(doc []byte) error {
 		err = decodeAppend(strict, &o.PDBs)
 	case "networking.k8s.io/v1 NetworkPolicy":
 		err = decodeAppend(strict, &o.NetworkPolicies)
+	case "rbac.authorization.k8s.io/v1 Role":
+		err = decodeAppend(strict, &o.Roles)
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		err = decodeAppend(strict, &o.RoleBindings)
 	case "http.keda.sh/v1alpha1 HTTPScaledObject":
 		err = decodeAppend(strict, &o.HTTPScaled)
 	default:
