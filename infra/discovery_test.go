@@ -45,18 +45,8 @@ func flagNames(tb testing.TB, command string) map[string]bool {
 
 // pendingFlags are flags the manifests pass ahead of the binary taking
 // them, like pendingEnv: logged, not failed, until the binary lists them.
-var pendingFlags = map[string]string{
-	"discover-dns":          "ingest discovery, issue 21 (the DNS helper's branch, cmd/kvroute)",
-	"discover-dns-server":   "ingest discovery, issue 21",
-	"discover-interval":     "ingest discovery, issue 21",
-	"discover-http-port":    "ingest discovery, issue 21",
-	"discover-events-port":  "ingest discovery, issue 21",
-	"discover-replay-port":  "ingest discovery, issue 21",
-	"discover-grace":        "ingest discovery, issue 21",
-	"discover-k8s-service":  "ingest discovery, issue 21 (discovery/kube)",
-	"discover-k8s-selector": "ingest discovery, issue 21 (discovery/kube)",
-	"kubeconfig":            "ingest discovery, issue 21 (discovery/kube)",
-}
+// None now: the discovery flags landed with issue 21.
+var pendingFlags = map[string]string{}
 
 // argFlags lists the --flags in a container's args after the command, and
 // the value of each (the next arg, or after "=").

@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +41,34 @@ func TestDiscoverFlags(t *testing.T) {
 		}
 		if got, want := strings.Join(names, " "), "dns:vllm.default.svc dns:_http._tcp.other dns:third.svc"; got != want {
 			t.Errorf("sources: got %q, want %q", got, want)
+		}
+	})
+	t.Run("kubernetes sources", func(t *testing.T) {
+		// A kubeconfig naming a server nobody runs: building a source makes
+		// no API call, so the flags are checked without a cluster.
+		kc := filepath.Join(t.TempDir(), "kubeconfig")
+		const cfg = "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n" +
+			"users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+		if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d := parse(t, "--discover-k8s-service", "default/vllm", "--discover-k8s-selector", "ml/app.kubernetes.io/name=vllm", "--kubeconfig", kc)
+		if !d.enabled() {
+			t.Fatal("enabled() = false with Kubernetes sources")
+		}
+		c, err := d.config(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range c.Sources {
+			names = append(names, s.Name())
+		}
+		if got, want := strings.Join(names, " "), "k8s:default/vllm k8s:ml/app.kubernetes.io/name=vllm"; got != want {
+			t.Errorf("sources: got %q, want %q", got, want)
+		}
+		if _, err := parse(t, "--discover-k8s-service", "vllm", "--kubeconfig", kc).config(nil); err == nil || !strings.Contains(err.Error(), "--discover-k8s-service") {
+			t.Errorf("a service without a namespace: err = %v, want one naming the flag", err)
 		}
 	})
 	for _, tc := range []struct {
