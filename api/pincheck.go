@@ -21,6 +21,8 @@ const HeaderDataParallelRank = "X-data-parallel-rank"
 // found to ignore the rank header: once, into the registry, so that every
 // pod stops pinning it. *store.Store satisfies it.
 type PinRecorder interface {
+	// SetPinIgnored marks replica id as routed whole from now on; a
+	// second call changes nothing.
 	SetPinIgnored(ctx context.Context, id string) error
 }
 

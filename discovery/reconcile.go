@@ -37,9 +37,11 @@ type Registry interface {
 	// ResetReplica forgets a replica's event-fed index entries and
 	// applied seq: one that came back is a restarted cache.
 	ResetReplica(ctx context.Context, model, replica string) error
-	// Acquire and ReleaseOwnership hold the lease that makes one process
-	// at a time the writer of a source's replicas.
+	// Acquire takes or renews the lease that makes one process at a time
+	// the writer of a source's replicas.
 	Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error)
+	// ReleaseOwnership gives the lease up on exit, so that another
+	// ingestor takes the source over at once rather than after its ttl.
 	ReleaseOwnership(ctx context.Context, name, owner string) error
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"github.com/kvroute/kvroute/internal/app"
 	"io"
 	"os"
 	"path/filepath"
@@ -35,11 +36,7 @@ func TestDiscoverFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
-		for _, s := range c.Sources {
-			names = append(names, s.Name())
-		}
-		if got, want := strings.Join(names, " "), "dns:vllm.default.svc dns:_http._tcp.other dns:third.svc"; got != want {
+		if got, want := sourceNames(c), "dns:vllm.default.svc dns:_http._tcp.other dns:third.svc"; got != want {
 			t.Errorf("sources: got %q, want %q", got, want)
 		}
 	})
@@ -60,11 +57,7 @@ func TestDiscoverFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
-		for _, s := range c.Sources {
-			names = append(names, s.Name())
-		}
-		if got, want := strings.Join(names, " "), "k8s:default/vllm k8s:ml/app.kubernetes.io/name=vllm"; got != want {
+		if got, want := sourceNames(c), "k8s:default/vllm k8s:ml/app.kubernetes.io/name=vllm"; got != want {
 			t.Errorf("sources: got %q, want %q", got, want)
 		}
 		if _, err := parse(t, "--discover-k8s-service", "vllm", "--kubeconfig", kc).config(nil); err == nil || !strings.Contains(err.Error(), "--discover-k8s-service") {
@@ -95,4 +88,13 @@ func TestServeRefusesDiscoveryWithRedis(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "kvroute ingest") {
 		t.Errorf("err = %v, want one sending the flags to kvroute ingest", err)
 	}
+}
+
+// sourceNames lists the names of the sources c follows, in order.
+func sourceNames(c app.DiscoverConfig) string {
+	var names []string
+	for _, s := range c.Sources {
+		names = append(names, s.Name())
+	}
+	return strings.Join(names, " ")
 }
