@@ -1,6 +1,10 @@
 package router
 
-import "github.com/kvroute/kvroute"
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute"
+)
 
 // candidates is a model's fleet as a decision scores it: every
 // data-parallel replica's engines as candidates of their own (each its own
@@ -21,7 +25,18 @@ type candidates struct {
 
 // expand builds the candidates of servers.
 func expand(servers []kvroute.Replica) candidates {
-	c := candidates{servers: servers, from: []int{0}}
+	c := candidates{servers: servers, from: make([]int, 1, len(servers)+1)}
+	if !slices.ContainsFunc(servers, func(s kvroute.Replica) bool { return s.Ranks() > 1 }) {
+		// No data-parallel replica (the common fleet): the servers are the
+		// candidates, with no copy of a decision's whole fleet.
+		c.fleet = servers
+		c.ids = make([]string, len(servers))
+		for i, s := range servers {
+			c.ids[i] = s.ID
+			c.from = append(c.from, i+1)
+		}
+		return c
+	}
 	for _, s := range servers {
 		if s.Ranks() > 1 && !s.PinIgnored {
 			for _, e := range s.Engines() {
