@@ -129,88 +129,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// Request is one routing question.
-type Request struct {
-	Model     string
-	Tokens    []uint32
-	SessionID string
-	CacheSalt string
-	LoRA      string
-	MaxTokens int
-	// Policy overrides the configured policy for this request.
-	Policy scoring.Policy
-}
-
-// Check refuses a request the router cannot answer: no model, or a policy
-// override that is not a policy. Route calls it first; the API calls it
-// before it resolves the prompt, so that a request naming no model is not
-// tokenized first. It is the one place these two fields are validated.
-func (req Request) Check() error {
-	if req.Model == "" {
-		return &RequestError{Field: "model", Msg: "is required"}
-	}
-	if req.Policy != "" {
-		if _, err := scoring.ParsePolicy(string(req.Policy)); err != nil {
-			return &RequestError{Field: "policy", Msg: err.Error()}
-		}
-	}
-	return nil
-}
-
-// RequestError is a request Check refuses, naming the request field at
-// fault, so that the API can point a client at it.
-type RequestError struct {
-	Field string
-	Msg   string
-}
-
-func (e *RequestError) Error() string { return e.Field + " " + e.Msg }
-
-// Unwrap lets callers test errors.Is(err, kvroute.ErrInvalidInput).
-func (e *RequestError) Unwrap() error { return kvroute.ErrInvalidInput }
-
-// ModelNotFoundError is a request for a model no replica serves. It is
-// typed because to a client it is a different mistake from an unknown
-// request or replica id, which are kvroute.ErrNotFound as well.
-type ModelNotFoundError struct {
-	Model string
-}
-
-func (e *ModelNotFoundError) Error() string {
-	return fmt.Sprintf("router: model %q: %v", e.Model, kvroute.ErrNotFound)
-}
-
-// Unwrap lets callers test errors.Is(err, kvroute.ErrNotFound).
-func (e *ModelNotFoundError) Unwrap() error { return kvroute.ErrNotFound }
-
-// Decision is the answer, with everything explain needs.
-type Decision struct {
-	RequestID    string
-	Replica      kvroute.Replica
-	Matched      int
-	Approximate  bool
-	PromptBlocks int
-	BlockSize    int
-	Policy       scoring.Policy
-	Mode         string
-	Degraded     bool
-	Reason       string
-	Candidates   []scoring.Score
-	Expires      time.Time
-	// Stages is how long each step of the decision took.
-	Stages Stages
-	// IndexIncomplete is true when the chosen replica publishes events but
-	// no ingestor has caught up on them yet (a replica just registered, or
-	// one whose ingestor died): what the index says it holds may be short.
-	IndexIncomplete bool
-	// Pinned is true when Replica is data-parallel and the decision chose
-	// one of its engines, DataParallelRank, which the request must name
-	// in vLLM's X-data-parallel-rank header; Candidates then name engines
-	// (kvroute.EngineID). False: the server picks its engine.
-	Pinned           bool
-	DataParallelRank int
-}
-
 // Router decides. It is safe for concurrent use.
 type Router struct {
 	idx    Index
@@ -418,17 +336,6 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	return d, nil
 }
 
-// modelFleet is the replicas of replicas that serve model.
-func modelFleet(replicas []kvroute.Replica, model string) []kvroute.Replica {
-	var fleet []kvroute.Replica
-	for _, rep := range replicas {
-		if rep.Model == model {
-			fleet = append(fleet, rep)
-		}
-	}
-	return fleet
-}
-
 // vanished answers a request for a model the registry has no replica of.
 // A model this pod knew has vanished when an operator deleted its
 // replicas, or when the store lost its data: only the epoch tells, and in
@@ -532,27 +439,6 @@ func (r *Router) CanDecide(ctx context.Context) error {
 // the store's state, which /metrics reports apart from readiness.
 func (r *Router) StoreUp() bool { return !r.down.open(r.now().UnixNano()) }
 
-// Fleet is the routable replicas of model, from the registry as this pod
-// last read it (at most RegistryTTL old, or the last copy while the store
-// is unreachable): what a component that must reach one of the model's
-// replicas, such as the remote tokenizer, asks without a store round trip.
-func (r *Router) Fleet(ctx context.Context, model string) ([]kvroute.Replica, error) {
-	replicas, _, err := r.replicas(ctx, model)
-	if err != nil {
-		return nil, err
-	}
-	var out []kvroute.Replica
-	for _, rep := range replicas {
-		if rep.Model == model && rep.Routable() {
-			out = append(out, rep)
-		}
-	}
-	return out, nil
-}
-
-// Invalidate drops the cached registry, after a write through this pod.
-func (r *Router) Invalidate() { r.cached.invalidate() }
-
 // degraded decides without the store: round-robin over the routable
 // replicas last seen. Cache awareness is lost; availability is not.
 func (r *Router) degraded(d Decision, fleet []kvroute.Replica, cause error) (Decision, error) {
@@ -594,24 +480,6 @@ func (r *Router) degradedWith(d Decision, fleet []kvroute.Replica, reason string
 	return d, nil
 }
 
-// registryCache keeps the last registry read. It is what lets a pod keep
-// deciding while the store is down.
-type registryCache struct {
-	mu       sync.Mutex
-	replicas []kvroute.Replica
-	at       time.Time
-	valid    bool
-}
-
-func (c *registryCache) invalidate() {
-	c.mu.Lock()
-	c.at = time.Time{}
-	c.mu.Unlock()
-}
-
-// How replicas came by the fleet it returns.
-type fleetSource int
-
 const (
 	// fleetRead is the registry read now, or less than RegistryTTL ago.
 	fleetRead fleetSource = iota
@@ -624,44 +492,6 @@ const (
 	// fleetFailed is the last copy: reading the registry just failed.
 	fleetFailed
 )
-
-// replicas returns the registry, re-read when older than RegistryTTL
-// unless a window (the registry's, or model's when model is not empty)
-// says the store would fail; the last known copy then stands in.
-func (r *Router) replicas(ctx context.Context, model string) (_ []kvroute.Replica, _ fleetSource, _ error) {
-	c := &r.cached
-	c.mu.Lock()
-	if c.valid && model != "" && r.isDown(r.modelWindow(model)) {
-		defer c.mu.Unlock()
-		return c.replicas, fleetSkipped, nil
-	}
-	if c.valid && r.now().Sub(c.at) < r.cfg.RegistryTTL {
-		defer c.mu.Unlock()
-		return c.replicas, fleetRead, nil
-	}
-	if c.valid && r.isDown(r.globalWindow()) {
-		defer c.mu.Unlock()
-		return c.replicas, fleetCached, nil
-	}
-	c.mu.Unlock()
-	sctx, cancel := r.storeCtx(ctx)
-	list, err := r.reg.ListReplicas(sctx)
-	cancel()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		if errors.Is(err, kvroute.ErrUnavailable) {
-			r.markDown(r.globalWindow())
-			if c.valid {
-				return c.replicas, fleetFailed, nil
-			}
-		}
-		return nil, fleetFailed, fmt.Errorf("router: list replicas: %w", err)
-	}
-	c.replicas, c.at, c.valid = list, r.now(), true
-	r.reset.remember(list)
-	return list, fleetRead, nil
-}
 
 func randomID() string {
 	var b [16]byte

@@ -223,7 +223,7 @@ func metricsAfterTraffic(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Stop() })
-	h := &harness{t: t, ctx: ctx, app: a, base: "http://" + a.Addr(), reps: map[string]*vllmtest.Replica{}, poll: 20 * time.Millisecond}
+	h := &harness{t: t, ctx: ctx, app: a, base: "http://" + a.Addr(), reps: map[string]*vllmtest.Replica{}}
 	h.addReplica("live", vllmtest.Config{})
 	// A replica that passes its health probes but drops every proxied
 	// request before its headers: those fail over. (One that refused
