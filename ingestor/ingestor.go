@@ -366,29 +366,8 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 		}
 	}
 	in.mu.Unlock()
-	for _, o := range gone {
-		in.log.Info("replica deleted", "replica", o.rep.ID)
-		in.stopWorker(o)
-		if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
-			in.log.Warn("purge deleted replica", "replica", o.rep.ID, "err", err)
-		} else {
-			in.m.purges.Inc()
-		}
-		if err := in.st.ReleaseOwnership(ctx, leaseName(o.rep.ID), in.c.Owner); err != nil {
-			in.log.Warn("release lease", "replica", o.rep.ID, "err", err)
-		}
-	}
-	for _, o := range changed {
-		in.log.Info("replica changed", "replica", o.rep.ID)
-		in.stopWorker(o)
-		if o.rep.Model != next[o.rep.ID].Model {
-			// Its entries live under the old model's keys: nobody will
-			// ever look them up again.
-			if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
-				in.log.Warn("purge moved replica", "replica", o.rep.ID, "err", err)
-			}
-		}
-	}
+	in.dropGone(ctx, gone)
+	in.stopChanged(ctx, changed, next)
 	in.mu.Lock()
 	unowned := false
 	for id := range next {
@@ -407,6 +386,40 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 		in.renewLeases(ctx)
 	}
 	in.m.owned.Set(float64(len(in.Owned())))
+}
+
+// dropGone stops following replicas deleted from the registry and purges
+// what the store keeps of them, leases included.
+func (in *Ingestor) dropGone(ctx context.Context, gone []*owned) {
+	for _, o := range gone {
+		in.log.Info("replica deleted", "replica", o.rep.ID)
+		in.stopWorker(o)
+		if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
+			in.log.Warn("purge deleted replica", "replica", o.rep.ID, "err", err)
+		} else {
+			in.m.purges.Inc()
+		}
+		if err := in.st.ReleaseOwnership(ctx, leaseName(o.rep.ID), in.c.Owner); err != nil {
+			in.log.Warn("release lease", "replica", o.rep.ID, "err", err)
+		}
+	}
+}
+
+// stopChanged stops the workers of replicas whose stream changed, so that
+// the next lease round restarts them on the new one; a replica that moved
+// to another model has its old model's entries purged.
+func (in *Ingestor) stopChanged(ctx context.Context, changed []*owned, next map[string]kvroute.Replica) {
+	for _, o := range changed {
+		in.log.Info("replica changed", "replica", o.rep.ID)
+		in.stopWorker(o)
+		if o.rep.Model != next[o.rep.ID].Model {
+			// Its entries live under the old model's keys: nobody will
+			// ever look them up again.
+			if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
+				in.log.Warn("purge moved replica", "replica", o.rep.ID, "err", err)
+			}
+		}
+	}
 }
 
 // streamChanged reports whether r's worker must restart to follow r2.

@@ -57,22 +57,12 @@ type IngestConfig struct {
 // component fails (its error): an ingestor whose metrics server cannot
 // serve, or whose event loop died, must not linger as if it worked.
 func RunIngest(ctx context.Context, c IngestConfig) error {
-	rc := c.Redis
-	if !rc.Configured() && c.RedisURL != "" {
-		rc = store.Config{URL: c.RedisURL}
-	}
-	if !rc.Configured() {
-		return errors.New("ingest: a Redis URL is required: an ingestor writes the shared index")
-	}
 	log := c.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = slog.New(telemetry.LogHandler(log.Handler()))
-	// An ingestor makes no lookups: the settings it shares with serve
-	// for them would only open a client it never uses.
-	rc.ReadReplicas, rc.ReadURL = false, ""
-	st, err := store.OpenConfig(ctx, rc, store.Options{Logger: log})
+	st, err := openIngestStore(ctx, c, log)
 	if err != nil {
 		return err
 	}
@@ -117,35 +107,15 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 			return nil
 		}, func(error) { cancel() })
 	}
-	{
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			err := in.Run(ctx)
-			if ctx.Err() != nil {
-				return nil
-			}
-			if err == nil {
-				err = errors.New("ended")
-			}
-			return fmt.Errorf("ingestor: %w", err)
-		}, func(error) { cancel() })
-	}
+	addUntilDone(ctx, &g, "ingestor", in.Run)
 	if c.Discover.Enabled() {
 		dc := c.Discover
 		if dc.Owner == "" {
 			dc.Owner = ic.Owner
 		}
-		ctx, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			err := runDiscovery(ctx, dc, st, ic.Dialer, c.ReplicaPolicy, mp, log)
-			if ctx.Err() != nil {
-				return nil
-			}
-			if err == nil {
-				err = errors.New("discovery ended")
-			}
-			return err
-		}, func(error) { cancel() })
+		addUntilDone(ctx, &g, "discovery", func(ctx context.Context) error {
+			return runDiscovery(ctx, dc, st, ic.Dialer, c.ReplicaPolicy, mp, log)
+		})
 	}
 	g.Add(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -159,4 +129,36 @@ func RunIngest(ctx context.Context, c IngestConfig) error {
 	})
 	log.Info("ingesting", "owner", ic.Owner, "metrics", ln.Addr().String(), "bind", ic.Bind)
 	return g.Run()
+}
+
+// openIngestStore opens the store an ingestor writes. An ingestor makes no
+// lookups: the read-replica settings it shares with serve would only open
+// a client it never uses, so they are dropped.
+func openIngestStore(ctx context.Context, c IngestConfig, log *slog.Logger) (*store.Store, error) {
+	rc := c.Redis
+	if !rc.Configured() && c.RedisURL != "" {
+		rc = store.Config{URL: c.RedisURL}
+	}
+	if !rc.Configured() {
+		return nil, errors.New("ingest: a Redis URL is required: an ingestor writes the shared index")
+	}
+	rc.ReadReplicas, rc.ReadURL = false, ""
+	return store.OpenConfig(ctx, rc, store.Options{Logger: log})
+}
+
+// addUntilDone adds to g a component that must run until ctx ends: its
+// returning earlier, with an error or without, stops the process with
+// that reason, named.
+func addUntilDone(ctx context.Context, g *run.Group, name string, fn func(context.Context) error) {
+	ctx, cancel := context.WithCancel(ctx)
+	g.Add(func() error {
+		err := fn(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("ended")
+		}
+		return fmt.Errorf("%s: %w", name, err)
+	}, func(error) { cancel() })
 }
