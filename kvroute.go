@@ -109,6 +109,15 @@ type Replica struct {
 	// round-robins): its engines are then routed as one replica, their
 	// caches merged, and no rank is named. Unset: ranks are pinned.
 	PinIgnored bool `json:"data_parallel_pin_ignored,omitempty"`
+	// Limits override, for this replica, the model's admission limits
+	// (a GPU with more memory takes more); nil: the model's.
+	Limits *Limits `json:"limits,omitempty"`
+	// PriorityScheduling says the replica runs vLLM's
+	// --scheduling-policy priority, so a request's priority field is
+	// forwarded to it; otherwise the field is stripped (such a vLLM
+	// refuses it with a 400). Set at registration, or learned from that
+	// refusal.
+	PriorityScheduling bool `json:"priority_scheduling,omitempty"`
 }
 
 // ReplicaState is a replica's place in its lifecycle, as its discovery
@@ -195,6 +204,9 @@ type Load struct {
 	Waiting       int64   `json:"waiting,omitempty"`
 	Running       int64   `json:"running,omitempty"`
 	KVUsage       float64 `json:"kv_usage,omitempty"`
+	// ScrapedAt is when Waiting, Running and KVUsage were scraped (zero:
+	// never), so that admission can tell a stale scrape.
+	ScrapedAt time.Time `json:"-"`
 	// Version changes on every booking on the replica. A decision books only
 	// if the version it scored on is still current, so that a burst of
 	// simultaneous decisions from many pods spreads instead of herding.

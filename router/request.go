@@ -22,6 +22,17 @@ type Request struct {
 	MaxTokens int
 	// Policy overrides the configured policy for this request.
 	Policy scoring.Policy
+	// Priority is the request's admission band: lower is admitted first,
+	// as vLLM orders its priority field. 0 is the default band.
+	Priority int
+	// Tenant is whom the request's cost is charged to when it queues
+	// (empty: the anonymous tenant, "").
+	Tenant string
+	// MaxWait bounds how long the request may wait in its model's queue
+	// when no replica has room: 0 does not wait (it is shed at once,
+	// kvroute.ShedNoWait, with its queue position), negative waits up to
+	// the queue's TTL.
+	MaxWait time.Duration
 }
 
 // Check refuses a request the router cannot answer: no model, or a policy
@@ -66,6 +77,35 @@ func (e *ModelNotFoundError) Error() string {
 // Unwrap lets callers test errors.Is(err, kvroute.ErrNotFound).
 func (e *ModelNotFoundError) Unwrap() error { return kvroute.ErrNotFound }
 
+// ShedError is a request admission refused: the fleet is past its
+// capacity and the request could not wait (Reason is one of kvroute's
+// Shed* reasons), or its model has no replica within the cold-start wait.
+type ShedError struct {
+	Model  string
+	Reason string
+	// RetryAfter is when a retry may be admitted, an estimate (at least
+	// a second).
+	RetryAfter time.Duration
+	// Position is how many requests were queued ahead of it.
+	Position int
+}
+
+func (e *ShedError) Error() string {
+	if e.Reason == kvroute.ShedNoReplica {
+		return fmt.Sprintf("router: model %q: no replica came up within the cold-start wait", e.Model)
+	}
+	return fmt.Sprintf("router: model %q: shed (%s)", e.Model, e.Reason)
+}
+
+// Unwrap is kvroute.ErrNoReplica for a model with no replica, else
+// kvroute.ErrOverloaded.
+func (e *ShedError) Unwrap() error {
+	if e.Reason == kvroute.ShedNoReplica {
+		return kvroute.ErrNoReplica
+	}
+	return kvroute.ErrOverloaded
+}
+
 // Decision is the answer, with everything explain needs.
 type Decision struct {
 	RequestID    string
@@ -92,4 +132,7 @@ type Decision struct {
 	// (kvroute.EngineID). False: the server picks its engine.
 	Pinned           bool
 	DataParallelRank int
+	// Queued is how long the request waited for admission (0: admitted
+	// at once).
+	Queued time.Duration
 }
