@@ -14,6 +14,11 @@ import (
 // or it waited past its time to live.
 var ErrOverloaded = errors.New("over capacity")
 
+// ErrNoRoom is a booking under admission the store refused: no replica
+// offered has room, or requests are queued before it. The request then
+// queues.
+var ErrNoRoom = errors.New("no replica has room")
+
 // Limits bound what one replica is given before it counts as saturated.
 // A zero field sets no limit. Requests and prefill tokens are what
 // kvroute booked (always fresh); waiting and KV usage are what the

@@ -222,6 +222,12 @@ type Lease struct {
 	PrefillBlocks int64     `json:"prefill_blocks"`
 	DecodeBlocks  int64     `json:"decode_blocks"`
 	Expires       time.Time `json:"expires"`
+	// Admit puts the booking under admission: it is made only on a
+	// replica with room and only when no request is queued before it,
+	// unless the request holds a seat the queue granted it, which the
+	// booking then takes. Otherwise the store answers ErrNoRoom. False:
+	// booked wherever the decision says, as before admission.
+	Admit bool `json:"-"`
 }
 
 // A Choice is one replica a contested booking may land on: the lease's

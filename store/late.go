@@ -58,6 +58,13 @@ func (s *Store) notAfter(ctx context.Context) string {
 // statusLate is the booking scripts' answer to a booking past its limit.
 const statusLate = 3
 
+// statusQueue and statusNoRoom are their answers to a booking under
+// admission that must queue, or whose replicas have no room (lua/admit.lua).
+const (
+	statusQueue  = 4
+	statusNoRoom = 5
+)
+
 // errLate is a booking refused as late (its caller had given up on it): as
 // good as a store that did not answer.
 var errLate = fmt.Errorf("%w: the booking reached Redis after its deadline and was not made", kvroute.ErrUnavailable)

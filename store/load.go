@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/redis/go-redis/v9"
@@ -63,7 +64,7 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	}
 	args := []any{lease.RequestID, lease.Replica,
 		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
-		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10), nil}
+		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10), nil, s.admitArg(lease)}
 	if within != nil {
 		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
 			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
@@ -77,6 +78,9 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	}
 	if asInt(v[0]) == statusLate {
 		return false, cur, fmt.Errorf("store: reserve: %w", errLate)
+	}
+	if st := asInt(v[0]); st == statusQueue || st == statusNoRoom {
+		return false, cur, fmt.Errorf("store: reserve: %w", kvroute.ErrNoRoom)
 	}
 	var booked1, scraped any
 	if len(v) > 1 {
@@ -110,7 +114,7 @@ func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id stri
 	if !ok {
 		return false, nil // not one of ours: no lease was booked under it
 	}
-	n, err := s.evalBatched(ctx, model, sc, leaseKeys(model), id).Int()
+	n, err := s.evalBatched(ctx, model, sc, leaseKeys(model), id, s.nowMs()).Int()
 	if err != nil {
 		return false, wrap(op, err)
 	}
@@ -190,7 +194,8 @@ func parseLoads(op string, v []any, replicas []string) ([]kvroute.Load, error) {
 // from booked load (field "<replica>#s") so that a scrape never races a
 // booking and needs no script.
 func (s *Store) SetScraped(ctx context.Context, model, replica string, waiting, running int64, kvUsage float64) error {
-	v := strconv.FormatInt(waiting, 10) + "," + strconv.FormatInt(running, 10) + "," + strconv.FormatFloat(kvUsage, 'g', -1, 64)
+	v := strconv.FormatInt(waiting, 10) + "," + strconv.FormatInt(running, 10) + "," + strconv.FormatFloat(kvUsage, 'g', -1, 64) +
+		"," + strconv.FormatInt(ms(s.now()), 10)
 	// '#ht' keeps the load hash a hash table (see slotOf in lua/lib.lua).
 	return wrap("set scraped", s.c.HSet(ctx, loadKey(model), replica+"#s", v, "#ht", htPad).Err())
 }
@@ -199,7 +204,7 @@ func (s *Store) SetScraped(ctx context.Context, model, replica string, waiting, 
 var htPad = strings.Repeat("-", 80)
 
 // parseLoad decodes a booked value "prefill,decode,requests,version" and a
-// scraped value "waiting,running,kvusage"; either may be absent (nil). It
+// scraped value "waiting,running,kvusage,ms"; either may be absent (nil). It
 // runs for every candidate of every decision, so it splits in place.
 func parseLoad(booked, scraped any) (kvroute.Load, error) {
 	var l kvroute.Load
@@ -220,8 +225,18 @@ func parseLoad(booked, scraped any) (kvroute.Load, error) {
 	if sc, ok := scraped.(string); ok {
 		w, rest, ok1 := strings.Cut(sc, ",")
 		r, kv, ok2 := strings.Cut(rest, ",")
-		if !ok1 || !ok2 || strings.Contains(kv, ",") {
+		// A fourth field is the scrape's time (ms); values written before
+		// it was kept have none.
+		kv, at, timed := strings.Cut(kv, ",")
+		if !ok1 || !ok2 || strings.Contains(at, ",") {
 			return l, fmt.Errorf("bad scraped load %q", sc)
+		}
+		if timed {
+			t, err := strconv.ParseInt(at, 10, 64)
+			if err != nil {
+				return l, fmt.Errorf("bad scraped load %q: %w", sc, err)
+			}
+			l.ScrapedAt = time.UnixMilli(t)
 		}
 		var err error
 		if l.Waiting, err = strconv.ParseInt(w, 10, 64); err != nil {

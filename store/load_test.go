@@ -104,7 +104,10 @@ func TestLeases(t *testing.T) {
 			if _, _, err := e.s.Reserve(ctx, lease("c1", "c", 1, 1, exp), -1); err != nil {
 				t.Fatal(err)
 			}
-			want := kvroute.Load{PrefillBlocks: 1, DecodeBlocks: 1, Requests: 1, Version: 1, Waiting: 3, Running: 7, KVUsage: 0.25}
+			// The scrape is stamped with the store's clock, so that
+			// admission can tell a stale one.
+			want := kvroute.Load{PrefillBlocks: 1, DecodeBlocks: 1, Requests: 1, Version: 1, Waiting: 3, Running: 7, KVUsage: 0.25,
+				ScrapedAt: time.UnixMilli(e.clk.Now().UnixMilli())}
 			if got := loadOf(t, e, "c"); got != want {
 				t.Errorf("loads = %+v, want %+v", got, want)
 			}
@@ -120,7 +123,7 @@ func TestLeases(t *testing.T) {
 			key := "kvr:{m:" + mdl + "}:load"
 			for _, tc := range []struct{ field, value string }{
 				{"bad", "1,2,3"}, {"bad", "1,2,3,4,5"}, {"bad", "1,x,3,4"}, {"bad", ""},
-				{"bad#s", "1,2"}, {"bad#s", "1,2,0.5,9"}, {"bad#s", "1,2,lots"},
+				{"bad#s", "1,2"}, {"bad#s", "1,2,0.5,9,9"}, {"bad#s", "1,2,0.5,soon"}, {"bad#s", "1,2,lots"},
 			} {
 				if err := e.rc.HSet(ctx, key, tc.field, tc.value).Err(); err != nil {
 					t.Fatal(err)

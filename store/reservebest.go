@@ -45,7 +45,7 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	// reads them (a settled cost term's weight joins them here).
 	args := make([]any, 0, 10+3*len(choices))
 	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
-		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil)
+		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil, s.admitArg(lease))
 	for _, c := range choices {
 		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit))
 	}
@@ -55,6 +55,9 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	}
 	if len(v) >= 1 && asInt(v[0]) == statusLate {
 		return -1, nil, fmt.Errorf("store: reserve: %w", errLate)
+	}
+	if len(v) >= 1 && asInt(v[0]) == statusQueue {
+		return -1, nil, fmt.Errorf("store: reserve: %w", kvroute.ErrNoRoom)
 	}
 	if len(v) == 2 && asInt(v[0]) != 0 && asInt(v[1]) == 1 {
 		return 0, nil, nil // the caller's own pick, as it scored it
@@ -71,6 +74,8 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	switch status, index := asInt(v[0]), asInt(v[1]); {
 	case status == 0:
 		return -1, loads, nil
+	case status == statusNoRoom:
+		return -1, loads, fmt.Errorf("store: reserve: %w", kvroute.ErrNoRoom)
 	case index < 1 || index > len(choices):
 		// Only a retry of the same request with other choices gets here:
 		// its lease is on a replica the caller no longer offers.

@@ -221,11 +221,14 @@ var (
 	scriptLookup      = redis.NewScript(luaSrc("lookup"))
 	scriptApprox      = redis.NewScript(luaSrc("lib", "approx"))
 	scriptSweepAx     = redis.NewScript(luaSrc("sweepapprox"))
-	scriptReserve     = redis.NewScript(luaSrc("reserve"))
-	scriptReserveBest = redis.NewScript(luaSrc("reservebest"))
-	scriptAdvance     = redis.NewScript(luaSrc("lease", "advance"))
-	scriptRelease     = redis.NewScript(luaSrc("lease", "release"))
-	scriptSweep       = redis.NewScript(luaSrc("lease", "sweep"))
+	scriptReserve     = redis.NewScript(luaSrc("admit", "reserve"))
+	scriptReserveBest = redis.NewScript(luaSrc("admit", "reservebest"))
+	scriptAdvance     = redis.NewScript(luaSrc("admit", "lease", "advance"))
+	scriptRelease     = redis.NewScript(luaSrc("admit", "lease", "release"))
+	scriptSweep       = redis.NewScript(luaSrc("admit", "lease", "sweep"))
+	scriptEnqueue     = redis.NewScript(luaSrc("admit", "enqueue"))
+	scriptDequeue     = redis.NewScript(luaSrc("admit", "lease", "dequeue"))
+	scriptKick        = redis.NewScript(luaSrc("admit", "kick"))
 	scriptAcquire     = redis.NewScript(luaSrc("acquire"))
 	scriptDisown      = redis.NewScript(luaSrc("disown"))
 )
@@ -262,9 +265,15 @@ func libKeys(model string, more ...string) []string {
 	return append([]string{blkKey(model), loadKey(model), prefix(model) + "slotfree"}, more...)
 }
 
-// leaseKeys are the keys of reserve.lua and lua/lease.lua.
+// leaseKeys are the keys of reserve.lua, lua/lease.lua and lua/admit.lua
+// (which every script that books, ends or queues a request includes).
 func leaseKeys(model string) []string {
-	return []string{loadKey(model), lbKey(model), leasesKey(model)}
+	p := prefix(model)
+	return []string{loadKey(model), lbKey(model), leasesKey(model),
+		p + "cap", p + "adm", p + "q", p + "qx", p + "qb", depthKey(model)}
 }
+
+// depthKey is the list whose length is the model's queue depth.
+func depthKey(model string) string { return prefix(model) + "depth" }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }

@@ -2,7 +2,9 @@
 -- lease's end (or its first token) to the replica's load, never letting a
 -- counter drop below zero: a load purged while leases were out must not go
 -- negative when they come back.
--- KEYS = P..'load', P..'lb' (lease bodies), P..'leases' (expiries).
+-- KEYS = P..'load', P..'lb' (lease bodies), P..'leases' (expiries), then
+-- admit.lua's, which is prepended before it. A grant (phase 2, admit.lua)
+-- holds one request and no blocks: only its end (full) releases it.
 local function unbook(id, full)
   local load, lb, leases = KEYS[1], KEYS[2], KEYS[3]
   local body = redis.call('HGET', lb, id)
@@ -12,7 +14,7 @@ local function unbook(id, full)
   end
   local R, pre, dec, phase = string.match(body, '^([^,]*),(%d+),(%d+),(%d)$')
   pre, dec = tonumber(pre), tonumber(dec)
-  if not full and phase == '1' then return 0 end
+  if not full and phase ~= '0' then return 0 end
   local cur = redis.call('HGET', load, R)
   if cur then
     local a, b, c, e = string.match(cur, '^(%d+),(%d+),(%d+),(%d+)$')

@@ -7,8 +7,11 @@
 -- picked.
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
---        request blocks, active blocks, bound, eps, not_after_ms,
+--        request blocks, active blocks, bound, eps, not_after_ms, admit,
 --        then per choice: replica, prefill, credit
+-- admit ('1:<now ms>': under admission by the caller's clock, admit.lua, prepended) books only a choice
+-- with room and only when nothing is queued before the request, unless
+-- the request holds a seat, which the booking then takes.
 -- not_after_ms (0: none) is the Redis time past which nothing is booked,
 -- as in reserve.lua: the caller has given up on the answer.
 -- Returns {status, index, then per choice its booked load and scraped
@@ -16,16 +19,19 @@
 -- status 1 booked the choice at index (1-based), 0 booked nothing (the
 -- cheapest is not under the bound), 2 the request already holds a lease
 -- (index: its replica among the choices, 0 if none); {3, 0} too late,
--- nothing read or booked.
+-- nothing read or booked; {4, 0} the request must queue; 5 no choice has
+-- room (with the loads).
 local id, dec, exp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local scale, weight = tonumber(ARGV[4]), tonumber(ARGV[5])
 local blocks, active = tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, eps = tonumber(ARGV[8]), tonumber(ARGV[9])
 local late = tonumber(ARGV[10])
+local admit = string.sub(ARGV[11], 1, 2) == '1:'
+if admit then NOW = tonumber(string.sub(ARGV[11], 3)) end
 -- head is how many ARGV come before the choices: choice j's replica,
 -- prefill and credit are ARGV[head + 3j - 2 .. head + 3j]. A settled cost
--- term's weight goes after not_after_ms, and head grows by one.
-local head = 10
+-- term's weight goes after admit, and head grows by one.
+local head = 11
 if late > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
@@ -55,7 +61,8 @@ local function reply(status, index)
   end
   return out
 end
-local body = redis.call('HGET', KEYS[2], id)
+local seat = admit and seatOf(id)
+local body = not seat and redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
@@ -80,25 +87,41 @@ local function cost(j, p, d, q)
   if adj < 0 then adj = 0 end
   return scale * adj + (d + active) + weight * reqs
 end
+-- Under admission a choice without room is not booked.
+local ok = {}
+if admit then
+  if mustQueue(seat) then return {4, 0} end
+  local reps, pairs2 = {}, {}
+  for j = 1, n do
+    reps[j] = ARGV[head + 3 * j - 2]
+    pairs2[2 * j - 1] = booked(j)
+    pairs2[2 * j] = scraped and cur[2 * j] or redis.call('HGET', KEYS[1], reps[j] .. '#s')
+  end
+  ok = roomy(reps, pairs2, seat)
+end
 -- The cheapest wins, then the less loaded, then the earlier (scoring.Settled).
 local best, bestCost, bestBlocks, bestLoad
 for j = 1, n do
-  local p, d, q, v = 0, 0, 0, 0
-  local b = booked(j)
-  if b then
-    local a1, a2, a3, a4 = string.match(b, '^(%d+),(%d+),(%d+),(%d+)$')
-    p, d, q, v = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
-  end
-  local c = cost(j, p, d, q)
-  local l = p + d
-  if best == nil or c < bestCost - eps or (math.abs(c - bestCost) <= eps and l < bestBlocks - eps) then
-    best, bestCost, bestBlocks, bestLoad = j, c, l, {p, d, q, v}
+  if not admit or ok[j] then
+    local p, d, q, v = 0, 0, 0, 0
+    local b = booked(j)
+    if b then
+      local a1, a2, a3, a4 = string.match(b, '^(%d+),(%d+),(%d+),(%d+)$')
+      p, d, q, v = tonumber(a1), tonumber(a2), tonumber(a3), tonumber(a4)
+    end
+    local c = cost(j, p, d, q)
+    local l = p + d
+    if best == nil or c < bestCost - eps or (math.abs(c - bestCost) <= eps and l < bestBlocks - eps) then
+      best, bestCost, bestBlocks, bestLoad = j, c, l, {p, d, q, v}
+    end
   end
 end
+if best == nil then return reply(5, 0) end
 if not (bestCost < bound - eps) then return reply(0, 0) end
 local R, pre = ARGV[head + 3 * best - 2], tonumber(ARGV[head + 3 * best - 1])
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
+if seat then value = takeSeat(seat, R, value) end
 redis.call('HSET', KEYS[1], R, value)
 redis.call('HSET', KEYS[2], id, R .. ',' .. pre .. ',' .. dec .. ',0')
 redis.call('ZADD', KEYS[3], exp, id)
