@@ -1,0 +1,249 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/wait"
+	"github.com/kvroute/kvroute/store"
+)
+
+// admitLease is a booking under admission.
+func admitLease(id, replica string, exp time.Time) kvroute.Lease {
+	l := lease(id, replica, 1, 1, exp)
+	l.Admit = true
+	return l
+}
+
+// oneEach is a fleet of replicas that take one request each.
+func oneEach(replicas ...string) store.Capacity {
+	c := store.Capacity{Replicas: map[string]kvroute.Limits{}, BlockSize: 16}
+	for _, r := range replicas {
+		c.Replicas[r] = kvroute.Limits{MaxRequests: 1}
+	}
+	return c
+}
+
+func ticket(e *env, id, tenant string, prio int, cost int64) kvroute.Ticket {
+	return kvroute.Ticket{RequestID: rid(id), Model: mdl, Pod: "pod1", Priority: prio, Tenant: tenant, Cost: cost,
+		Deadline: e.clk.Now().Add(time.Minute)}
+}
+
+func enqueue(t *testing.T, e *env, tk kvroute.Ticket) kvroute.Admission {
+	t.Helper()
+	a, err := e.s.Enqueue(context.Background(), tk, 10*time.Second, store.QueueLimits{})
+	if err != nil {
+		t.Fatalf("enqueue %s: %v", tk.RequestID, err)
+	}
+	return a
+}
+
+func setCap(t *testing.T, e *env, c store.Capacity) {
+	t.Helper()
+	if err := e.s.SetCapacity(context.Background(), mdl, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdmission(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		setCap(t, e, oneEach("a", "b"))
+		grants, err := e.s.Grants(ctx, "pod1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run("a booking takes a replica with room only", func(t *testing.T) {
+			if ok, _, err := e.s.Reserve(ctx, admitLease("r1", "a", exp), -1); !ok || err != nil {
+				t.Fatalf("first booking on a = %v, %v; want booked", ok, err)
+			}
+			if _, _, err := e.s.Reserve(ctx, admitLease("r2", "a", exp), -1); !errors.Is(err, kvroute.ErrNoRoom) {
+				t.Fatalf("second booking on full a: err = %v, want ErrNoRoom", err)
+			}
+			choices := []kvroute.Choice{{Replica: "a", PrefillBlocks: 1}, {Replica: "b", PrefillBlocks: 1}}
+			j, _, err := e.s.ReserveBest(ctx, admitLease("r2", "a", exp), choices, kvroute.ChoiceCost{PrefillScale: 1, Bound: 1e9})
+			if err != nil || j != 1 {
+				t.Fatalf("settled booking = %d, %v; want choice 1 (b, the one with room)", j, err)
+			}
+			if _, _, err := e.s.ReserveBest(ctx, admitLease("r3", "a", exp), choices, kvroute.ChoiceCost{PrefillScale: 1, Bound: 1e9}); !errors.Is(err, kvroute.ErrNoRoom) {
+				t.Fatalf("settled booking on a full fleet: err = %v, want ErrNoRoom", err)
+			}
+			// Outside admission the booking goes where it is told.
+			if ok, _, err := e.s.Reserve(ctx, lease("free", "a", 1, 1, exp), -1); !ok || err != nil {
+				t.Fatalf("booking without admission = %v, %v; want booked", ok, err)
+			}
+			if ok, _ := e.s.Release(ctx, rid("free")); !ok {
+				t.Fatal("release of the booking without admission = false")
+			}
+		})
+		t.Run("a release grants the queue's head a seat", func(t *testing.T) {
+			if a := enqueue(t, e, ticket(e, "q1", "t", 0, 10)); a.Status != kvroute.Queued || a.Position != 0 {
+				t.Fatalf("enqueue q1 = %+v, want queued at 0", a)
+			}
+			if a := enqueue(t, e, ticket(e, "q2", "t", 0, 10)); a.Status != kvroute.Queued || a.Position != 1 {
+				t.Fatalf("enqueue q2 = %+v, want queued at 1", a)
+			}
+			if d, _ := e.s.QueueDepth(ctx, mdl); d != 2 {
+				t.Errorf("depth = %d, want 2", d)
+			}
+			// A fresh request does not pass the queue, even where a
+			// replica has room: it queues too.
+			if ok, _ := e.s.Release(ctx, rid("r1")); !ok {
+				t.Fatal("release r1 = false")
+			}
+			g := wait.Recv(t, "a grant", grants)
+			if g.RequestID != rid("q1") || g.Replica != "a" {
+				t.Fatalf("grant = %+v, want q1 on a", g)
+			}
+			if _, _, err := e.s.Reserve(ctx, admitLease("late", "a", exp), -1); !errors.Is(err, kvroute.ErrNoRoom) {
+				t.Fatalf("fresh booking past a queue: err = %v, want ErrNoRoom", err)
+			}
+			// The granted request books its seat, on a.
+			if ok, _, err := e.s.Reserve(ctx, admitLease("q1", "a", exp), -1); !ok || err != nil {
+				t.Fatalf("granted booking = %v, %v; want booked", ok, err)
+			}
+			if got := loadOf(t, e, "a").Requests; got != 1 {
+				t.Errorf("a's requests after the seat was taken = %d, want 1", got)
+			}
+		})
+		t.Run("a seat given back admits the next", func(t *testing.T) {
+			if ok, _ := e.s.Release(ctx, rid("r2")); !ok {
+				t.Fatal("release r2 = false")
+			}
+			g := wait.Recv(t, "a grant", grants)
+			if g.RequestID != rid("q2") || g.Replica != "b" {
+				t.Fatalf("grant = %+v, want q2 on b", g)
+			}
+			if a := enqueue(t, e, ticket(e, "q3", "t", 0, 10)); a.Status != kvroute.Queued {
+				t.Fatalf("enqueue q3 = %+v, want queued", a)
+			}
+			// q2's client left: its seat goes to q3.
+			if n, err := e.s.Dequeue(ctx, rid("q2")); n != 2 || err != nil {
+				t.Fatalf("dequeue of a granted request = %d, %v; want 2", n, err)
+			}
+			if g := wait.Recv(t, "a grant", grants); g.RequestID != rid("q3") || g.Replica != "b" {
+				t.Fatalf("grant = %+v, want q3 on b", g)
+			}
+			// An unbooked seat expires, and the sweep gives it back.
+			if a := enqueue(t, e, ticket(e, "q4", "t", 0, 10)); a.Status != kvroute.Queued {
+				t.Fatalf("enqueue q4 = %+v, want queued", a)
+			}
+			e.clk.Add(3 * time.Second)
+			if _, err := e.s.SweepExpired(ctx, mdl); err != nil {
+				t.Fatal(err)
+			}
+			if g := wait.Recv(t, "a grant", grants); g.RequestID != rid("q4") || g.Replica != "b" {
+				t.Fatalf("grant after the sweep = %+v, want q4 on b", g)
+			}
+			depth, st, err := e.s.Kick(ctx, mdl, 10*time.Second, []string{rid("q4"), rid("q3")})
+			if err != nil || depth != 0 || st[0].Replica != "b" || st[1] != (store.TicketState{}) {
+				t.Fatalf("kick = %d, %+v, %v; want depth 0, q4 granted on b, q3 gone", depth, st, err)
+			}
+		})
+		t.Run("a ticket its pod stops renewing leaves the queue", func(t *testing.T) {
+			if a := enqueue(t, e, ticket(e, "q5", "t", 0, 10)); a.Status != kvroute.Queued {
+				t.Fatalf("enqueue q5 = %+v, want queued", a)
+			}
+			e.clk.Add(5 * time.Second)
+			if _, st, _ := e.s.Kick(ctx, mdl, 10*time.Second, []string{rid("q5")}); !st[0].Queued {
+				t.Fatalf("q5 after a renewal = %+v, want queued", st[0])
+			}
+			e.clk.Add(11 * time.Second)
+			depth, st, err := e.s.Kick(ctx, mdl, 10*time.Second, nil)
+			if err != nil || depth != 0 || len(st) != 0 {
+				t.Fatalf("kick = %d, %v, %v; want an empty queue", depth, st, err)
+			}
+			if d, _ := e.s.QueueDepth(ctx, mdl); d != 0 {
+				t.Errorf("depth list = %d, want 0", d)
+			}
+		})
+	})
+}
+
+// TestAdmissionLimits covers the queue's own limits and the fleet's.
+func TestAdmissionLimits(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		c := oneEach("a", "b")
+		c.MaxInFlight = 1
+		setCap(t, e, c)
+		t.Run("fleet max", func(t *testing.T) {
+			if ok, _, err := e.s.Reserve(ctx, admitLease("f1", "a", exp), -1); !ok || err != nil {
+				t.Fatalf("first booking = %v, %v", ok, err)
+			}
+			if _, _, err := e.s.Reserve(ctx, admitLease("f2", "b", exp), -1); !errors.Is(err, kvroute.ErrNoRoom) {
+				t.Fatalf("booking past the fleet's max: err = %v, want ErrNoRoom", err)
+			}
+		})
+		t.Run("shed", func(t *testing.T) {
+			lim := store.QueueLimits{Queue: 3, Band: 2, Tenant: 1}
+			for _, tc := range []struct {
+				id, tenant string
+				prio       int
+				want       kvroute.AdmitStatus
+				reason     string
+			}{
+				{"s1", "x", 0, kvroute.Queued, ""},
+				{"s2", "x", 0, kvroute.Shed, kvroute.ShedTenantFull},
+				{"s3", "y", 0, kvroute.Queued, ""},
+				{"s4", "z", 0, kvroute.Shed, kvroute.ShedBandFull},
+				{"s5", "z", 1, kvroute.Queued, ""},
+				{"s6", "w", 2, kvroute.Shed, kvroute.ShedQueueFull},
+			} {
+				a, err := e.s.Enqueue(ctx, ticket(e, tc.id, tc.tenant, tc.prio, 1), time.Minute, lim)
+				if err != nil || a.Status != tc.want || a.Reason != tc.reason {
+					t.Errorf("enqueue %s = %+v, %v; want status %d, reason %q", tc.id, a, err, tc.want, tc.reason)
+				}
+			}
+			if _, err := e.s.Enqueue(ctx, ticket(e, "s1", "x", 0, 1), time.Minute, lim); !errors.Is(err, store.ErrAlreadyQueued) {
+				t.Errorf("enqueue of a queued id: err = %v, want ErrAlreadyQueued", err)
+			}
+		})
+	})
+}
+
+// TestAdmissionOrder holds the queue to its dispatch order: bands first,
+// then tenants by their charge, then FCFS.
+func TestAdmissionOrder(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Minute)
+		setCap(t, e, oneEach("a"))
+		grants, err := e.s.Grants(ctx, "pod1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, _, err := e.s.Reserve(ctx, admitLease("hold", "a", exp), -1); !ok || err != nil {
+			t.Fatalf("booking = %v, %v", ok, err)
+		}
+		// Tenant cheap's requests cost 1, dear's 3: after the high band,
+		// cheap is served three for each of dear's.
+		for _, tk := range []kvroute.Ticket{
+			ticket(e, "d1", "dear", 0, 3), ticket(e, "d2", "dear", 0, 3), ticket(e, "c1", "cheap", 0, 1),
+			ticket(e, "c2", "cheap", 0, 1), ticket(e, "c3", "cheap", 0, 1), ticket(e, "c4", "cheap", 0, 1),
+			ticket(e, "h1", "dear", -1, 50),
+		} {
+			enqueue(t, e, tk)
+		}
+		want := []string{"h1", "c1", "d1", "c2", "c3", "c4", "d2"}
+		prev := "hold"
+		for i, w := range want {
+			if ok, _ := e.s.Release(ctx, rid(prev)); !ok {
+				t.Fatalf("release %s = false", prev)
+			}
+			g := wait.Recv(t, "grant "+w, grants)
+			if g.RequestID != rid(w) {
+				t.Fatalf("grant %d = %s, want %s", i, g.RequestID, rid(w))
+			}
+			if ok, _, err := e.s.Reserve(ctx, admitLease(w, "a", exp), -1); !ok || err != nil {
+				t.Fatalf("booking of %s = %v, %v", w, ok, err)
+			}
+			prev = w
+		}
+	})
+}
