@@ -110,3 +110,44 @@ type Admission struct {
 	// Reason says why it was shed (Shed).
 	Reason string
 }
+
+// Capacity describes a model's fleet to the queue: its routable replicas
+// and what each may be given, and how to read them. The pods write it
+// (the store's SetCapacity) whenever their view changes, so that a release run by
+// any pod, or the ingestors' sweep, dispatches by the same limits.
+type Capacity struct {
+	// Replicas are the model's routable replicas and their limits.
+	Replicas map[string]Limits
+	// BlockSize turns a limit's prefill tokens into the blocks bookings
+	// count (0: 16).
+	BlockSize int
+	// MaxInFlight bounds the requests booked on the whole fleet (0: none).
+	MaxInFlight int64
+	// StaleAfter is the age past which a scrape is stale; StaleSaturated
+	// counts a stale replica as full instead of ignoring its scrape.
+	StaleAfter     time.Duration
+	StaleSaturated bool
+	// GrantTTL is how long a seat granted to a queued request waits for
+	// its booking before the sweep gives it back (0: 2 s).
+	GrantTTL time.Duration
+}
+
+// QueueLimits bound one model's queue (0: none).
+type QueueLimits struct {
+	Queue, Band, Tenant int
+}
+
+// TicketState is where a pod's ticket stands (the store's Kick).
+type TicketState struct {
+	// Queued: still waiting. Otherwise Replica names the seat granted to
+	// it, or is empty when it is gone (expired, or already booked).
+	Queued  bool
+	Replica string
+}
+
+// A Grant tells a pod that its queued request was given a seat.
+type Grant struct {
+	RequestID, Replica string
+	// At is the Redis time of the grant: capacity freed, request admitted.
+	At time.Time
+}

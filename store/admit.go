@@ -33,29 +33,8 @@ func (s *Store) admitArg(l kvroute.Lease) string {
 
 func (s *Store) nowMs() string { return strconv.FormatInt(ms(s.now()), 10) }
 
-// Capacity describes a model's fleet to the queue: its routable replicas
-// and what each may be given, and how to read them. The pods write it
-// (SetCapacity) whenever their view changes, so that a release run by
-// any pod, or the ingestors' sweep, dispatches by the same limits.
-type Capacity struct {
-	// Replicas are the model's routable replicas and their limits.
-	Replicas map[string]kvroute.Limits
-	// BlockSize turns a limit's prefill tokens into the blocks bookings
-	// count (0: 16).
-	BlockSize int
-	// MaxInFlight bounds the requests booked on the whole fleet (0: none).
-	MaxInFlight int64
-	// StaleAfter is the age past which a scrape is stale; StaleSaturated
-	// counts a stale replica as full instead of ignoring its scrape.
-	StaleAfter     time.Duration
-	StaleSaturated bool
-	// GrantTTL is how long a seat granted to a queued request waits for
-	// its booking before the sweep gives it back (0: 2 s).
-	GrantTTL time.Duration
-}
-
-// fields returns the capacity as the cap hash's fields (admit.lua).
-func (c Capacity) fields() []any {
+// capFields returns the capacity as the cap hash's fields (admit.lua).
+func capFields(c kvroute.Capacity) []any {
 	bs := int64(c.BlockSize)
 	if bs <= 0 {
 		bs = 16
@@ -78,19 +57,14 @@ func (c Capacity) fields() []any {
 }
 
 // SetCapacity replaces the model's fleet description, atomically.
-func (s *Store) SetCapacity(ctx context.Context, model string, c Capacity) error {
+func (s *Store) SetCapacity(ctx context.Context, model string, c kvroute.Capacity) error {
 	key := prefix(model) + "cap"
 	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, key)
-		p.HSet(ctx, key, c.fields()...)
+		p.HSet(ctx, key, capFields(c)...)
 		return nil
 	})
 	return wrap("set capacity", err)
-}
-
-// QueueLimits bound one model's queue (0: none).
-type QueueLimits struct {
-	Queue, Band, Tenant int
 }
 
 // Enqueue queues t (its RequestID minted for t.Model) until a replica has
@@ -99,7 +73,7 @@ type QueueLimits struct {
 // or Shed with the reason. hold is how long the ticket stays queued
 // unless its pod renews it (Kick): a pod that dies takes its tickets with
 // it within hold.
-func (s *Store) Enqueue(ctx context.Context, t kvroute.Ticket, hold time.Duration, lim QueueLimits) (kvroute.Admission, error) {
+func (s *Store) Enqueue(ctx context.Context, t kvroute.Ticket, hold time.Duration, lim kvroute.QueueLimits) (kvroute.Admission, error) {
 	if strings.ContainsAny(t.Pod+t.Tenant, "|") || t.RequestID == "" {
 		return kvroute.Admission{}, fmt.Errorf("store: enqueue: %w", &kvroute.FieldError{Field: "tenant", Msg: "must not contain |"})
 	}
@@ -139,19 +113,11 @@ func (s *Store) Dequeue(ctx context.Context, requestID string) (int, error) {
 	return n, wrap("dequeue", err)
 }
 
-// TicketState is where a pod's ticket stands (Kick).
-type TicketState struct {
-	// Queued: still waiting. Otherwise Replica names the seat granted to
-	// it, or is empty when it is gone (expired, or already booked).
-	Queued  bool
-	Replica string
-}
-
 // Kick is a pod's beat for one model: it renews the hold of the pod's
 // tickets ids, dispatches what capacity allows, and answers the model's
 // queue depth and each ticket's state (a grant whose message was lost is
 // found here).
-func (s *Store) Kick(ctx context.Context, model string, hold time.Duration, ids []string) (int, []TicketState, error) {
+func (s *Store) Kick(ctx context.Context, model string, hold time.Duration, ids []string) (int, []kvroute.TicketState, error) {
 	args := make([]any, 0, 2+len(ids))
 	args = append(args, s.nowMs(), strconv.FormatInt(hold.Milliseconds(), 10))
 	for _, id := range ids {
@@ -164,7 +130,7 @@ func (s *Store) Kick(ctx context.Context, model string, hold time.Duration, ids 
 	if len(v) != 1+len(ids) {
 		return 0, nil, fmt.Errorf("store: kick: unexpected reply of %d values", len(v))
 	}
-	out := make([]TicketState, len(ids))
+	out := make([]kvroute.TicketState, len(ids))
 	for i := range ids {
 		switch x := v[1+i].(type) {
 		case string:
@@ -183,22 +149,15 @@ func (s *Store) QueueDepth(ctx context.Context, model string) (int64, error) {
 	return n, wrap("queue depth", err)
 }
 
-// A Grant tells a pod that its queued request was given a seat.
-type Grant struct {
-	RequestID, Replica string
-	// At is the Redis time of the grant: capacity freed, request admitted.
-	At time.Time
-}
-
 // Grants delivers the grants for pod's requests until ctx ends. Redis
 // Pub/Sub delivers at most once: a pod also learns its grants from Kick.
-func (s *Store) Grants(ctx context.Context, pod string) (<-chan Grant, error) {
+func (s *Store) Grants(ctx context.Context, pod string) (<-chan kvroute.Grant, error) {
 	sub := s.c.Subscribe(ctx, "kvr:grant:"+pod)
 	if _, err := sub.Receive(ctx); err != nil {
 		_ = sub.Close()
 		return nil, wrap("subscribe", err)
 	}
-	out := make(chan Grant, 256)
+	out := make(chan kvroute.Grant, 256)
 	go func() {
 		defer close(out)
 		defer sub.Close()
@@ -225,14 +184,14 @@ func (s *Store) Grants(ctx context.Context, pod string) (<-chan Grant, error) {
 }
 
 // parseGrant reads admit.lua's message "id replica ms".
-func parseGrant(p string) (Grant, bool) {
+func parseGrant(p string) (kvroute.Grant, bool) {
 	f := strings.Fields(p)
 	if len(f) != 3 {
-		return Grant{}, false
+		return kvroute.Grant{}, false
 	}
 	at, err := strconv.ParseInt(f[2], 10, 64)
 	if err != nil {
-		return Grant{}, false
+		return kvroute.Grant{}, false
 	}
-	return Grant{RequestID: f[0], Replica: f[1], At: time.UnixMilli(at)}, true
+	return kvroute.Grant{RequestID: f[0], Replica: f[1], At: time.UnixMilli(at)}, true
 }

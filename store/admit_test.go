@@ -19,8 +19,8 @@ func admitLease(id, replica string, exp time.Time) kvroute.Lease {
 }
 
 // oneEach is a fleet of replicas that take one request each.
-func oneEach(replicas ...string) store.Capacity {
-	c := store.Capacity{Replicas: map[string]kvroute.Limits{}, BlockSize: 16}
+func oneEach(replicas ...string) kvroute.Capacity {
+	c := kvroute.Capacity{Replicas: map[string]kvroute.Limits{}, BlockSize: 16}
 	for _, r := range replicas {
 		c.Replicas[r] = kvroute.Limits{MaxRequests: 1}
 	}
@@ -34,14 +34,14 @@ func ticket(e *env, id, tenant string, prio int, cost int64) kvroute.Ticket {
 
 func enqueue(t *testing.T, e *env, tk kvroute.Ticket) kvroute.Admission {
 	t.Helper()
-	a, err := e.s.Enqueue(context.Background(), tk, 10*time.Second, store.QueueLimits{})
+	a, err := e.s.Enqueue(context.Background(), tk, 10*time.Second, kvroute.QueueLimits{})
 	if err != nil {
 		t.Fatalf("enqueue %s: %v", tk.RequestID, err)
 	}
 	return a
 }
 
-func setCap(t *testing.T, e *env, c store.Capacity) {
+func setCap(t *testing.T, e *env, c kvroute.Capacity) {
 	t.Helper()
 	if err := e.s.SetCapacity(context.Background(), mdl, c); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestAdmission(t *testing.T) {
 				t.Fatalf("grant after the sweep = %+v, want q4 on b", g)
 			}
 			depth, st, err := e.s.Kick(ctx, mdl, 10*time.Second, []string{rid("q4"), rid("q3")})
-			if err != nil || depth != 0 || st[0].Replica != "b" || st[1] != (store.TicketState{}) {
+			if err != nil || depth != 0 || st[0].Replica != "b" || st[1] != (kvroute.TicketState{}) {
 				t.Fatalf("kick = %d, %+v, %v; want depth 0, q4 granted on b, q3 gone", depth, st, err)
 			}
 		})
@@ -181,7 +181,7 @@ func TestAdmissionLimits(t *testing.T) {
 			}
 		})
 		t.Run("shed", func(t *testing.T) {
-			lim := store.QueueLimits{Queue: 3, Band: 2, Tenant: 1}
+			lim := kvroute.QueueLimits{Queue: 3, Band: 2, Tenant: 1}
 			for _, tc := range []struct {
 				id, tenant string
 				prio       int
