@@ -165,6 +165,13 @@ func (r *Router) bookSettled(ctx context.Context, in Input, loads []kvroute.Load
 	return out, false, nil
 }
 
+// lease is what out books: under admission, only where there is room.
+func (r *Router) lease(out Outcome) kvroute.Lease {
+	l := out.Lease
+	l.Admit = l.Admit || r.adm != nil
+	return l
+}
+
 // reserve books out's lease on its pick, on the load's version as scored
 // (any when ifVersion < 0) or within bounds.
 func (r *Router) reserve(ctx context.Context, out Outcome, ifVersion int64, within *kvroute.Load, attempt int, tm *Stages) (bool, kvroute.Load, error) {
@@ -175,9 +182,9 @@ func (r *Router) reserve(ctx context.Context, out Outcome, ifVersion int64, with
 	var cur kvroute.Load
 	var err error
 	if within != nil {
-		booked, cur, err = r.idx.ReserveWithin(sctx, out.Lease, *within)
+		booked, cur, err = r.idx.ReserveWithin(sctx, r.lease(out), *within)
 	} else {
-		booked, cur, err = r.idx.Reserve(sctx, out.Lease, ifVersion)
+		booked, cur, err = r.idx.Reserve(sctx, r.lease(out), ifVersion)
 	}
 	st.end(err, attribute.String("kvroute.replica", out.Lease.Replica), attribute.Bool("kvroute.booked", booked), attribute.Int("kvroute.attempt", attempt))
 	return booked, cur, err
@@ -192,7 +199,7 @@ func (r *Router) reserveBest(ctx context.Context, in Input, loads []kvroute.Load
 	rctx, st := r.stage(ctx, "kvroute.reserve", &tm.Reserve)
 	sctx, cancel := r.storeCtx(rctx)
 	defer cancel()
-	j, cur, err := r.idx.ReserveBest(sctx, out.Lease, choices, settle.Cost)
+	j, cur, err := r.idx.ReserveBest(sctx, r.lease(out), choices, settle.Cost)
 	booked := ""
 	if err == nil && j >= 0 && j < len(choices) {
 		booked = choices[j].Replica

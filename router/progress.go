@@ -173,10 +173,19 @@ func (r *Router) send(ctx context.Context, rep report) (bool, error) {
 	return r.idx.Advance(ctx, rep.id)
 }
 
-// Run retries queued progress reports until ctx is done. It is one of the
+// Run retries queued progress reports until ctx is done, and under
+// admission runs this pod's part of the queue (queue.go). It is one of the
 // serving process's tasks; without it queued reports wait (and their
 // leases expire on their own).
 func (r *Router) Run(ctx context.Context) error {
+	if r.adm != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go func() {
+			defer close(done)
+			_ = r.adm.run(ctx)
+		}()
+	}
 	retry := time.NewTicker(r.cfg.StoreBackoff)
 	defer retry.Stop()
 	for {

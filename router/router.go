@@ -17,9 +17,11 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -112,6 +114,9 @@ type Config struct {
 	DecodeBooking DecodeBooking
 	// MaxLease caps a booking's life; zero means MaxLease (one hour).
 	MaxLease time.Duration
+	// Admission is the fleet's admission policy (admit.go); its zero
+	// value admits every request at once, as before admission.
+	Admission admission.Config
 }
 
 // DefaultConfig is what `kvroute serve` starts with.
@@ -155,6 +160,8 @@ type Router struct {
 	// domains is idx's answer about its failure domains; nil when it has
 	// none (backoff.go).
 	domains Domains
+	// adm is this pod's part of admission (queue.go); nil when it is off.
+	adm *admitter
 }
 
 // Options are the router's injected dependencies; each nil field gets the
@@ -180,6 +187,15 @@ type Options struct {
 	// TracerProvider makes the decision steps' spans (trace.go); nil
 	// means the global provider, a no-op unless the program sets one.
 	TracerProvider trace.TracerProvider
+	// MeterProvider makes admission's instruments (admitmetrics.go); nil
+	// means a no-op.
+	MeterProvider metric.MeterProvider
+	// Queue is the shared admission queue used when Config.Admission is
+	// enabled; nil means the index, when it is a Queue (the store is).
+	Queue Queue
+	// Pod names this process to the queue, which tells it of its queued
+	// requests' seats on a channel of that name; empty means a random id.
+	Pod string
 }
 
 // New builds a Router.
@@ -216,8 +232,41 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 			opt.NewID = m.NewRequestID
 		}
 	}
-	return &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset,
-		tracer: newTracer(opt.TracerProvider), domains: domainsOf(idx)}, nil
+	r := &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset,
+		tracer: newTracer(opt.TracerProvider), domains: domainsOf(idx)}
+	if cfg.Admission.Enabled {
+		if err := r.admitWith(opt); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// admitWith turns admission on over opt's queue.
+func (r *Router) admitWith(opt Options) error {
+	if err := r.cfg.Admission.Validate(); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	q := opt.Queue
+	if q == nil {
+		var ok bool
+		if q, ok = r.idx.(Queue); !ok {
+			return errors.New("router: admission is enabled but the index is no queue")
+		}
+	}
+	pod := opt.Pod
+	if pod == "" {
+		pod = randomID()
+	}
+	var a *admitter
+	m, err := newAdmitMetrics(opt.MeterProvider, func() map[[3]string]int64 { return a.waiting() })
+	if err != nil {
+		return fmt.Errorf("router: admission metrics: %w", err)
+	}
+	a = newAdmitter(q, r.cfg.Admission, pod, r.log, r.now, m)
+	a.refresh = r.describeModel
+	r.adm = a
+	return nil
 }
 
 // BlockSize is the block size requests for model are keyed with, given the
@@ -265,11 +314,53 @@ func (r *Router) Route(ctx context.Context, req Request) (Decision, error) {
 	return d, err
 }
 
-// route is Route, timing its steps in tm.
+// route is Route, timing its steps in tm: a decision, and under
+// admission, when no replica has room, a wait in the queue for a seat
+// and the decision again, holding it.
 func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, error) {
 	if err := req.Check(); err != nil {
 		return Decision{}, err
 	}
+	d, ask, err := r.decideOnce(ctx, req, tm, "", "")
+	if err != nil || ask == nil {
+		if err == nil && r.adm != nil && !d.Degraded {
+			r.adm.m.admittedAfter(req, 0)
+		}
+		return d, err
+	}
+	qctx, st := r.stage(ctx, "kvroute.queue", nil)
+	start := r.now()
+	seat, err := r.adm.wait(qctx, r, req, ask.id, ask.cost, ask.cold)
+	waited := r.now().Sub(start)
+	st.end(err, attribute.String("kvroute.replica", seat), attribute.Int64("kvroute.queued_ms", waited.Milliseconds()),
+		attribute.Int("kvroute.priority", req.Priority), attribute.String("kvroute.tenant", req.Tenant))
+	if err != nil {
+		return Decision{}, err
+	}
+	d, _, err = r.decideOnce(ctx, req, tm, ask.id, seat)
+	if err != nil {
+		// The seat goes back to the queue now rather than at its expiry.
+		r.adm.leave(ctx, r, ask.id)
+		return Decision{}, err
+	}
+	d.Queued = waited
+	r.adm.m.admittedAfter(req, max(waited, time.Nanosecond))
+	return d, nil
+}
+
+// queueAsk is a decision that found no replica with room: it queues as
+// id, charged cost; cold says the model has no replica up at all.
+type queueAsk struct {
+	id   string
+	cost int64
+	cold bool
+}
+
+// decideOnce is one decision: with id and seat empty, a new request's;
+// otherwise the decision of request id, which holds a seat on replica
+// seat. Under admission it answers a queueAsk, and no Decision, when no
+// replica has room.
+func (r *Router) decideOnce(ctx context.Context, req Request, tm *Stages, id, seat string) (Decision, *queueAsk, error) {
 	cfg := r.cfg.Scoring
 	if req.Policy != "" {
 		cfg.Policy = req.Policy
@@ -278,7 +369,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	replicas, read, err := r.replicas(sctx, req.Model)
 	st.end(err, attribute.Bool("kvroute.stale", read != fleetRead))
 	if err != nil {
-		return Decision{}, err
+		return Decision{}, nil, err
 	}
 	// The index is skipped while the model's window is open, and by the
 	// decision whose registry read just failed (with one Redis the lookup
@@ -288,8 +379,16 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	skip := read == fleetFailed || read == fleetSkipped
 	resetting := r.resetting()
 	fleet := modelFleet(replicas, req.Model)
+	if id == "" {
+		id = r.newID(req.Model)
+	}
 	if len(fleet) == 0 {
-		return r.vanished(ctx, req.Model)
+		if r.adm != nil && seat == "" && !skip && r.adm.mayColdStart(req.Model) {
+			r.adm.describe(ctx, r, req.Model, r.BlockSize(req.Model, nil), candidates{}, nil)
+			return Decision{}, &queueAsk{id: id, cost: coldCost(r.cfg, req), cold: true}, nil
+		}
+		d, err := r.vanished(ctx, req.Model)
+		return d, nil, err
 	}
 	fleet = r.suspects.demote(r.now(), fleet)
 	cands := expand(fleet)
@@ -297,7 +396,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	_, st = r.stage(ctx, "kvroute.keying", &tm.Keying)
 	keys := kvroute.BlockKeys(r.KeySpace(req.Model, req.LoRA), bs, req.Tokens, kvroute.RequestExtras(req.CacheSalt))
 	st.end(nil, attribute.Int("kvroute.prompt_blocks", len(keys)), attribute.Int("kvroute.block_size", bs))
-	d := Decision{RequestID: r.newID(req.Model), PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
+	d := Decision{RequestID: id, PromptBlocks: len(keys), BlockSize: bs, Policy: cfg.Policy}
 
 	var overlaps []kvroute.Overlap
 	var loads []kvroute.Load
@@ -311,21 +410,36 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	}
 	if skip || err != nil {
 		if err != nil && !errors.Is(err, kvroute.ErrUnavailable) {
-			return Decision{}, fmt.Errorf("router: lookup: %w", err)
+			return Decision{}, nil, fmt.Errorf("router: lookup: %w", err)
 		}
 		if err != nil {
 			r.markDown(r.modelWindow(req.Model))
 		}
-		return r.degraded(d, fleet, err)
+		d, err := r.degraded(d, fleet, err)
+		return d, nil, err
 	}
 	in := r.input(d, req, cands.fleet, overlaps, loads)
+	seatAt := -1
+	if r.adm != nil {
+		var ask *queueAsk
+		if seatAt, ask = r.admitInput(ctx, req, &in, cands, loads, seat); ask != nil {
+			return Decision{}, ask, nil
+		}
+	}
 	out, err := r.book(ctx, req.Model, in, loads, cands, tm)
+	if errors.Is(err, kvroute.ErrNoRoom) {
+		if seatAt < 0 {
+			return Decision{}, &queueAsk{id: id, cost: Cost(r.cfg, in)}, nil
+		}
+		out, err = r.bookSeat(ctx, in, seatAt, tm)
+	}
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
 			r.markDown(r.modelWindow(req.Model))
-			return r.degraded(d, fleet, err)
+			d, err := r.degraded(d, fleet, err)
+			return d, nil, err
 		}
-		return Decision{}, err
+		return Decision{}, nil, err
 	}
 	if resetting {
 		// Cache-aware over what the index holds again, but the index is
@@ -333,7 +447,7 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 		d.Degraded, d.Reason = true, ReasonStoreReset
 	}
 	r.booked(ctx, &d, req.Model, cands, keys, out)
-	return d, nil
+	return d, nil, nil
 }
 
 // vanished answers a request for a model the registry has no replica of.

@@ -228,7 +228,7 @@ var (
 	scriptSweep       = redis.NewScript(luaSrc("admit", "lease", "sweep"))
 	scriptEnqueue     = redis.NewScript(luaSrc("admit", "enqueue"))
 	scriptDequeue     = redis.NewScript(luaSrc("admit", "lease", "dequeue"))
-	scriptKick        = redis.NewScript(luaSrc("admit", "kick"))
+	scriptKick        = redis.NewScript(luaSrc("admit", "lease", "kick"))
 	scriptAcquire     = redis.NewScript(luaSrc("acquire"))
 	scriptDisown      = redis.NewScript(luaSrc("disown"))
 )

@@ -49,6 +49,9 @@ type Config struct {
 	// The zero value defers to RedisURL.
 	Redis  store.Config
 	Router router.Config
+	// Pod names this process to the admission queue (router.Options.Pod);
+	// empty means a random id.
+	Pod string
 	// ReplicasFile, when set, is a JSON array of kvroute.Replica written
 	// to the registry at start (replacing entries with the same ids).
 	ReplicasFile string
@@ -186,7 +189,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		return nil, err
 	}
 	if a.Router, err = router.New(a.Store, a.Store, cfg.Router, router.Options{Logger: a.log, OnStoreReset: a.reseed,
-		TracerProvider: a.tel.TracerProvider}); err != nil {
+		TracerProvider: a.tel.TracerProvider, MeterProvider: a.tel.MeterProvider, Pod: cfg.Pod}); err != nil {
 		return nil, err
 	}
 	if cfg.ReplicasFile != "" {

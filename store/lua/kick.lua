@@ -12,6 +12,12 @@ for i = 3, #ARGV do
   local tk = ticketOf(ARGV[i])
   if tk then redis.call('ZADD', QX, math.min(tk.dl, now + hold), ARGV[i]) end
 end
+-- Seats granted and never booked (their pod died) are given back here as
+-- well as by the ingestors' sweep, so that a live pod's beat bounds it.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '(' .. now, 'LIMIT', 0, 50)) do
+  local body = redis.call('HGET', KEYS[2], id)
+  if body and string.match(body, ',2$') then unbook(id, true) end
+end
 dispatch(now, 64)
 local out = {tonumber(redis.call('HGET', ADM, 'n') or '0')}
 for i = 3, #ARGV do
