@@ -143,6 +143,9 @@ func TestAdmission(t *testing.T) {
 			if err != nil || depth != 0 || st[0].Replica != "b" || st[1] != (kvroute.TicketState{}) {
 				t.Fatalf("kick = %d, %+v, %v; want depth 0, q4 granted on b, q3 gone", depth, st, err)
 			}
+			if ok, _, err := e.s.Reserve(ctx, admitLease("q4", "b", e.clk.Now().Add(time.Minute)), -1); !ok || err != nil {
+				t.Fatalf("q4's booking = %v, %v; want booked", ok, err)
+			}
 		})
 		t.Run("a ticket its pod stops renewing leaves the queue", func(t *testing.T) {
 			if a := enqueue(t, e, ticket(e, "q5", "t", 0, 10)); a.Status != kvroute.Queued {
