@@ -13,6 +13,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -146,6 +147,10 @@ type Config struct {
 	// decisions while others are routable; zero means
 	// DefaultSuspectTTL.
 	SuspectTTL time.Duration
+
+	// route is Router.Route unless a test stands in for it
+	// (export_test.go): the router's queue is not the API's to test.
+	route func(context.Context, router.Request) (router.Decision, error)
 }
 
 // Server is the HTTP handler. Build it with New.
@@ -166,6 +171,11 @@ type Server struct {
 	proxyLog *log.Logger
 	// admin and apiTok are the Access tokens' digests.
 	admin, apiTok tokenSet
+	// noPriority holds the replicas (id: URL) that answered a forwarded
+	// priority with vLLM's "not enabled" 400 although registered with
+	// PriorityScheduling: they get the bare body until their
+	// registration changes (priority.go).
+	noPriority sync.Map
 }
 
 // New checks cfg, registers the metrics and builds the routes.
@@ -200,6 +210,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SuspectTTL <= 0 {
 		cfg.SuspectTTL = DefaultSuspectTTL
 	}
+	if cfg.route == nil {
+		cfg.route = cfg.Router.Route
+	}
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
@@ -217,8 +230,11 @@ func New(cfg Config) (*Server, error) {
 	if s.admin, err = newTokenSet("admin", cfg.AdminTokens); err != nil {
 		return nil, err
 	}
-	if s.apiTok, err = newTokenSet("API", cfg.APITokens); err != nil {
+	if s.apiTok, err = newTokenSet("API", cfg.APITokens, cfg.NamedAPITokens...); err != nil {
 		return nil, err
+	}
+	if h := cfg.TenantHeader; h != "" && !validHeaderName(h) {
+		return nil, fmt.Errorf("api: TenantHeader %q is not a header name", h)
 	}
 	if s.prompts = cfg.Prompts; s.prompts == nil {
 		if s.prompts, err = prompt.New(prompt.Config{}); err != nil {
