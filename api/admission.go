@@ -147,6 +147,17 @@ func intHeader(r *http.Request, name string) (v int64, ok bool, err error) {
 	return v, true, nil
 }
 
+// decisionTimeout is how long deciding req may take: Timeout, which
+// bounds the work, plus the wait it asked for (up to the queue's TTL
+// when it asked for no bound), which is not work.
+func (s *Server) decisionTimeout(req router.Request) time.Duration {
+	wait := req.MaxWait
+	if wait < 0 || wait > s.cfg.MaxQueueWait {
+		wait = s.cfg.MaxQueueWait
+	}
+	return s.cfg.Timeout + wait
+}
+
 // queuedMS is a wait in whole milliseconds, rounded up so that a wait of
 // a few microseconds still reads as one: 0 only when it did not wait.
 func queuedMS(d time.Duration) int64 {

@@ -259,3 +259,45 @@ func TestQueued(t *testing.T) {
 		})
 	}
 }
+
+// TestDecisionDeadline: a decision's deadline is the API's timeout plus
+// the wait the request asked for (up to the queue's TTL), so that a
+// request waiting in the queue is not cut off as a slow decision.
+func TestDecisionDeadline(t *testing.T) {
+	const timeout, ttl = time.Second, 45 * time.Second
+	left := make(chan time.Duration, 4)
+	h := newHarness(t, fleet(1, "m"), func(c *api.Config) {
+		c.Timeout, c.MaxQueueWait = timeout, ttl
+		api.WithRoute(c, func(ctx context.Context, req router.Request, next api.RouteFunc) (router.Decision, error) {
+			dl, ok := ctx.Deadline()
+			if !ok {
+				left <- -1
+			} else {
+				left <- time.Until(dl)
+			}
+			return router.Decision{}, &router.ShedError{Model: "m", Reason: kvroute.ShedNoWait}
+		})
+	})
+	for _, tt := range []struct {
+		name, path, body string
+		header           []string
+		want             time.Duration
+	}{
+		{"route without a wait", "/v1/route", `{"model":"m","token_ids":[1]}`, nil, timeout},
+		{"route with a wait", "/v1/route", `{"model":"m","token_ids":[1],"max_wait_ms":30000}`, nil, timeout + 30*time.Second},
+		{"route wait past the TTL", "/v1/route", `{"model":"m","token_ids":[1],"max_wait_ms":3600000}`, nil, timeout + ttl},
+		{"proxy up to the TTL", "/v1/completions", `{"model":"m","prompt":[1]}`, nil, timeout + ttl},
+		{"proxy bounded", "/v1/completions", `{"model":"m","prompt":[1]}`, []string{api.HeaderMaxWaitMs, "5000"}, timeout + 5*time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if status, _, raw := h.post(t, tt.path, tt.body, tt.header...); status != http.StatusTooManyRequests {
+				t.Fatalf("status %d, want the stand-in's 429; body %s", status, raw)
+			}
+			// The deadline was set before the stand-in ran: what is left
+			// is at most the timeout and the wait, and not much less.
+			if got := <-left; got > tt.want || got < tt.want-timeout/2 {
+				t.Errorf("deadline in %v, want about %v", got, tt.want)
+			}
+		})
+	}
+}

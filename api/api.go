@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
@@ -147,6 +148,12 @@ type Config struct {
 	// decisions while others are routable; zero means
 	// DefaultSuspectTTL.
 	SuspectTTL time.Duration
+	// MaxQueueWait is the longest the router may keep a request waiting
+	// for admission (its queue's TTL): a decision's deadline is Timeout
+	// plus the request's wait, at most this. Zero means
+	// admission.DefaultTTL; negative, requests do not wait (admission
+	// is off).
+	MaxQueueWait time.Duration
 
 	// route is Router.Route unless a test stands in for it
 	// (export_test.go): the router's queue is not the API's to test.
@@ -186,36 +193,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		return nil, errors.New("api: Config.Registry is required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if cfg.MaxTokens <= 0 {
-		cfg.MaxTokens = DefaultMaxTokens
-	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxOutputTokens <= 0 {
-		cfg.MaxOutputTokens = DefaultMaxOutputTokens
-	}
-	switch {
-	case cfg.ProxyRetries == 0:
-		cfg.ProxyRetries = DefaultProxyRetries
-	case cfg.ProxyRetries < 0:
-		cfg.ProxyRetries = 0
-	}
-	if cfg.SuspectTTL <= 0 {
-		cfg.SuspectTTL = DefaultSuspectTTL
-	}
-	if cfg.route == nil {
-		cfg.route = cfg.Router.Route
-	}
-	if cfg.Ready == nil {
-		cfg.Ready = func(context.Context) error { return nil }
-	}
+	cfg.defaults()
 	cfg.telemetry()
 	m, err := newMetrics(cfg.MeterProvider, cfg.Registry)
 	if err != nil {
@@ -251,6 +229,46 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// defaults gives every zero value its working default.
+func (cfg *Config) defaults() {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxOutputTokens <= 0 {
+		cfg.MaxOutputTokens = DefaultMaxOutputTokens
+	}
+	switch {
+	case cfg.ProxyRetries == 0:
+		cfg.ProxyRetries = DefaultProxyRetries
+	case cfg.ProxyRetries < 0:
+		cfg.ProxyRetries = 0
+	}
+	if cfg.SuspectTTL <= 0 {
+		cfg.SuspectTTL = DefaultSuspectTTL
+	}
+	switch {
+	case cfg.MaxQueueWait == 0:
+		cfg.MaxQueueWait = admission.DefaultTTL
+	case cfg.MaxQueueWait < 0:
+		cfg.MaxQueueWait = 0
+	}
+	if cfg.route == nil {
+		cfg.route = cfg.Router.Route
+	}
+	if cfg.Ready == nil {
+		cfg.Ready = func(context.Context) error { return nil }
+	}
+}
+
 // ServeHTTP makes Server an http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
@@ -282,10 +300,12 @@ func (s *Server) routes() http.Handler {
 		client = s.guard(s.admin, s.apiTok)
 	}
 	// Everything but the proxy answers within Timeout: a decision that
-	// takes longer than that is worth less than a fast error.
+	// takes longer than that is worth less than a fast error. A decision
+	// may also wait for admission as long as it asked, so /v1/route sets
+	// its own deadline (decisionTimeout).
+	r.With(client).Post("/v1/route", s.route)
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)
-		r.With(client).Post("/v1/route", s.route)
 		r.With(client).Post("/v1/requests/{id}/first-token", s.firstToken)
 		r.With(client).Post("/v1/requests/{id}/release", s.release)
 		r.With(client).Get("/v1/models", s.listModels)

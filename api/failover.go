@@ -108,7 +108,7 @@ func (p *proxyRequest) failover(ctx context.Context, cause error) (*url.URL, boo
 		return nil, false
 	}
 	p.t.release()
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	dctx, cancel := context.WithTimeout(ctx, s.decisionTimeout(p.req))
 	defer cancel()
 	req := p.req
 	req.Tokens = p.d.prompt.Tokens

@@ -78,8 +78,7 @@ func priorities(tb testing.TB, bodies []string) string {
 
 // TestPriorityForwarding: vLLM's priority field reaches only a replica
 // registered as scheduling by priority (a header's priority is put in
-// it); one that then refuses it gets the request again without it, and
-// keeps getting it without until its registration changes.
+// it), after a failover too.
 func TestPriorityForwarding(t *testing.T) {
 	completion := func(extra string) string { return `{"model":"m","prompt":[1,2,3]` + extra + `}` }
 	for _, tt := range []struct {
@@ -111,6 +110,30 @@ func TestPriorityForwarding(t *testing.T) {
 		})
 	}
 
+	t.Run("failover to a replica without scheduling", func(t *testing.T) {
+		v := newVLLMPriority(t, false)
+		h := newHarness(t, []kvroute.Replica{
+			{ID: "dead", Model: "m", URL: deadURL(t), PriorityScheduling: true},
+			{ID: "live", Model: "m", URL: v.srv.URL},
+		})
+		// Whichever the decision picks first, the live replica answers
+		// (a dead one fails over to it) and gets no priority field.
+		status, hdr, raw := h.post(t, "/v1/completions", completion(`,"priority":3`))
+		if status != http.StatusOK || hdr.Get(api.HeaderReplica) != "live" {
+			t.Fatalf("got %d from %q, want 200 from live; body %s", status, hdr.Get(api.HeaderReplica), raw)
+		}
+		if got := priorities(t, v.sent(t)); got != "-" {
+			t.Errorf("live replica got priorities %q, want none", got)
+		}
+	})
+}
+
+// TestPriorityRefused: a replica registered with priority scheduling
+// that refuses a priority all the same gets the request again without
+// it, and keeps getting it without until its registration changes;
+// another 400 is the client's, passed on whole.
+func TestPriorityRefused(t *testing.T) {
+	completion := func(extra string) string { return `{"model":"m","prompt":[1,2,3]` + extra + `}` }
 	t.Run("refused", func(t *testing.T) {
 		v := newVLLMPriority(t, true)
 		rep := kvroute.Replica{ID: "r0", Model: "m", URL: v.srv.URL, PriorityScheduling: true}
@@ -156,23 +179,6 @@ func TestPriorityForwarding(t *testing.T) {
 		}
 		if got := priorities(t, v.sent(t)); got != "3" {
 			t.Errorf("replica got priorities %q, want one request with 3", got)
-		}
-	})
-
-	t.Run("failover to a replica without scheduling", func(t *testing.T) {
-		v := newVLLMPriority(t, false)
-		h := newHarness(t, []kvroute.Replica{
-			{ID: "dead", Model: "m", URL: deadURL(t), PriorityScheduling: true},
-			{ID: "live", Model: "m", URL: v.srv.URL},
-		})
-		// Whichever the decision picks first, the live replica answers
-		// (a dead one fails over to it) and gets no priority field.
-		status, hdr, raw := h.post(t, "/v1/completions", completion(`,"priority":3`))
-		if status != http.StatusOK || hdr.Get(api.HeaderReplica) != "live" {
-			t.Fatalf("got %d from %q, want 200 from live; body %s", status, hdr.Get(api.HeaderReplica), raw)
-		}
-		if got := priorities(t, v.sent(t)); got != "-" {
-			t.Errorf("live replica got priorities %q, want none", got)
 		}
 	})
 }

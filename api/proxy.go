@@ -148,7 +148,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.decisionTimeout(req))
 	d, err := s.decide(ctx, in, req)
 	cancel()
 	if err != nil {

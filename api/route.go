@@ -176,7 +176,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	d, err := s.decide(r.Context(), in, req)
+	ctx, cancel := context.WithTimeout(r.Context(), s.decisionTimeout(req))
+	defer cancel()
+	d, err := s.decide(ctx, in, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
