@@ -13,6 +13,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -22,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/prompt"
 	"github.com/kvroute/kvroute/router"
 )
@@ -146,6 +148,16 @@ type Config struct {
 	// decisions while others are routable; zero means
 	// DefaultSuspectTTL.
 	SuspectTTL time.Duration
+	// MaxQueueWait is the longest the router may keep a request waiting
+	// for admission (its queue's TTL): a decision's deadline is Timeout
+	// plus the request's wait, at most this. Zero means
+	// admission.DefaultTTL; negative, requests do not wait (admission
+	// is off).
+	MaxQueueWait time.Duration
+
+	// route is Router.Route unless a test stands in for it
+	// (export_test.go): the router's queue is not the API's to test.
+	route func(context.Context, router.Request) (router.Decision, error)
 }
 
 // Server is the HTTP handler. Build it with New.
@@ -166,6 +178,11 @@ type Server struct {
 	proxyLog *log.Logger
 	// admin and apiTok are the Access tokens' digests.
 	admin, apiTok tokenSet
+	// noPriority holds the replicas (id: URL) that answered a forwarded
+	// priority with vLLM's "not enabled" 400 although registered with
+	// PriorityScheduling: they get the bare body until their
+	// registration changes (priority.go).
+	noPriority sync.Map
 }
 
 // New checks cfg, registers the metrics and builds the routes.
@@ -176,6 +193,44 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registry == nil {
 		return nil, errors.New("api: Config.Registry is required")
 	}
+	cfg.defaults()
+	cfg.telemetry()
+	m, err := newMetrics(cfg.MeterProvider, cfg.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("api: metrics: %w", err)
+	}
+	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
+		tracer:   cfg.TracerProvider.Tracer(tracerName),
+		proxyLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	if s.proxy == nil {
+		s.proxy = guardedTransport(cfg.ReplicaPolicy)
+	}
+	if s.admin, err = newTokenSet("admin", cfg.AdminTokens); err != nil {
+		return nil, err
+	}
+	if s.apiTok, err = newTokenSet("API", cfg.APITokens, cfg.NamedAPITokens...); err != nil {
+		return nil, err
+	}
+	if h := cfg.TenantHeader; h != "" && !validHeaderName(h) {
+		return nil, fmt.Errorf("api: TenantHeader %q is not a header name", h)
+	}
+	if s.prompts = cfg.Prompts; s.prompts == nil {
+		if s.prompts, err = prompt.New(prompt.Config{}); err != nil {
+			return nil, fmt.Errorf("api: %w", err)
+		}
+	}
+	if cfg.PinRecorder == nil {
+		cfg.PinRecorder, _ = cfg.Registry.(PinRecorder)
+	}
+	s.pins = NewPinCheck(cfg.PinRecorder, cfg.Logger, func(ctx context.Context, replica string) {
+		m.pinIgnored.Add(ctx, 1, label("replica", replica))
+	}, s.rt.Invalidate)
+	s.handler = s.routes()
+	return s, nil
+}
+
+// defaults gives every zero value its working default.
+func (cfg *Config) defaults() {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -200,39 +255,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SuspectTTL <= 0 {
 		cfg.SuspectTTL = DefaultSuspectTTL
 	}
+	switch {
+	case cfg.MaxQueueWait == 0:
+		cfg.MaxQueueWait = admission.DefaultTTL
+	case cfg.MaxQueueWait < 0:
+		cfg.MaxQueueWait = 0
+	}
+	if cfg.route == nil {
+		cfg.route = cfg.Router.Route
+	}
 	if cfg.Ready == nil {
 		cfg.Ready = func(context.Context) error { return nil }
 	}
-	cfg.telemetry()
-	m, err := newMetrics(cfg.MeterProvider, cfg.Registry)
-	if err != nil {
-		return nil, fmt.Errorf("api: metrics: %w", err)
-	}
-	s := &Server{cfg: cfg, rt: cfg.Router, reg: cfg.Registry, log: cfg.Logger, m: m, proxy: cfg.Transport,
-		tracer:   cfg.TracerProvider.Tracer(tracerName),
-		proxyLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
-	if s.proxy == nil {
-		s.proxy = guardedTransport(cfg.ReplicaPolicy)
-	}
-	if s.admin, err = newTokenSet("admin", cfg.AdminTokens); err != nil {
-		return nil, err
-	}
-	if s.apiTok, err = newTokenSet("API", cfg.APITokens); err != nil {
-		return nil, err
-	}
-	if s.prompts = cfg.Prompts; s.prompts == nil {
-		if s.prompts, err = prompt.New(prompt.Config{}); err != nil {
-			return nil, fmt.Errorf("api: %w", err)
-		}
-	}
-	if cfg.PinRecorder == nil {
-		cfg.PinRecorder, _ = cfg.Registry.(PinRecorder)
-	}
-	s.pins = NewPinCheck(cfg.PinRecorder, cfg.Logger, func(ctx context.Context, replica string) {
-		m.pinIgnored.Add(ctx, 1, label("replica", replica))
-	}, s.rt.Invalidate)
-	s.handler = s.routes()
-	return s, nil
 }
 
 // ServeHTTP makes Server an http.Handler.
@@ -266,10 +300,12 @@ func (s *Server) routes() http.Handler {
 		client = s.guard(s.admin, s.apiTok)
 	}
 	// Everything but the proxy answers within Timeout: a decision that
-	// takes longer than that is worth less than a fast error.
+	// takes longer than that is worth less than a fast error. A decision
+	// may also wait for admission as long as it asked, so /v1/route sets
+	// its own deadline (decisionTimeout).
+	r.With(client).Post("/v1/route", s.route)
 	r.Group(func(r chi.Router) {
 		r.Use(s.timeout)
-		r.With(client).Post("/v1/route", s.route)
 		r.With(client).Post("/v1/requests/{id}/first-token", s.firstToken)
 		r.With(client).Post("/v1/requests/{id}/release", s.release)
 		r.With(client).Get("/v1/models", s.listModels)

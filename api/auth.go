@@ -1,12 +1,16 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
+
+	"github.com/kvroute/kvroute"
 )
 
 // MinTokenBytes is the shortest bearer token New accepts: a token short
@@ -30,10 +34,36 @@ type Access struct {
 	// /v1/models) and the OpenAI proxy. Nil: they are open. The proxy
 	// does not forward a kvroute token to the replica.
 	APITokens []string
+	// NamedAPITokens open what APITokens open, and name the tenant the
+	// requests they carry are charged to when they queue (the admission
+	// queue shares a band fairly between tenants). A bare APIToken, and
+	// an admin token, is the anonymous tenant "".
+	NamedAPITokens []NamedToken
 	// MetricsAuth puts /metrics behind the admin tokens. False (the
 	// default) keeps Prometheus scraping unchanged.
 	MetricsAuth bool
+	// TenantHeader names a request header whose value is the tenant,
+	// for an operator whose gateway in front of kvroute authenticates
+	// clients and sets it; it wins over the token's name. Empty (the
+	// default): no header is trusted, since any client could set one.
+	// Its value must be a tenant name (TenantNamePattern).
+	TenantHeader string
 }
+
+// NamedToken is a bearer token and the tenant it names.
+type NamedToken struct {
+	Name  string
+	Token string
+}
+
+// TenantNamePattern is what a tenant name may be: short and plain, so
+// that it is safe in a Redis key, a log line and a metric label.
+const TenantNamePattern = `^[A-Za-z0-9._-]{1,64}$`
+
+var tenantName = regexp.MustCompile(TenantNamePattern)
+
+// ValidTenantName reports whether name matches TenantNamePattern.
+func ValidTenantName(name string) bool { return tenantName.MatchString(name) }
 
 // errUnauthorized is a request without a valid bearer token.
 var errUnauthorized = errors.New("a valid bearer token is required")
@@ -41,21 +71,31 @@ var errUnauthorized = errors.New("a valid bearer token is required")
 // authRealm is the WWW-Authenticate challenge of every 401.
 const authRealm = `Bearer realm="kvroute"`
 
-// tokenSet holds the digests of one class of tokens.
+// tokenSet holds the digests of one class of tokens, and the tenant each
+// names ("" for none).
 type tokenSet struct {
 	digests [][sha256.Size]byte
+	names   []string
 }
 
-func newTokenSet(what string, tokens []string) (tokenSet, error) {
+func newTokenSet(what string, tokens []string, named ...NamedToken) (tokenSet, error) {
 	var ts tokenSet
-	for i, t := range tokens {
-		if len(t) < MinTokenBytes {
+	all := make([]NamedToken, 0, len(tokens)+len(named))
+	for _, t := range tokens {
+		all = append(all, NamedToken{Token: t})
+	}
+	for i, t := range append(all, named...) {
+		if len(t.Token) < MinTokenBytes {
 			return ts, fmt.Errorf("api: %s token %d is shorter than %d bytes", what, i, MinTokenBytes)
 		}
-		if strings.TrimSpace(t) != t {
+		if strings.TrimSpace(t.Token) != t.Token {
 			return ts, fmt.Errorf("api: %s token %d has leading or trailing white space", what, i)
 		}
-		ts.digests = append(ts.digests, sha256.Sum256([]byte(t)))
+		if i >= len(tokens) && !ValidTenantName(t.Name) {
+			return ts, fmt.Errorf("api: %s token %d: its name must match %s", what, i, TenantNamePattern)
+		}
+		ts.digests = append(ts.digests, sha256.Sum256([]byte(t.Token)))
+		ts.names = append(ts.names, t.Name)
 	}
 	return ts, nil
 }
@@ -63,15 +103,50 @@ func newTokenSet(what string, tokens []string) (tokenSet, error) {
 // open reports whether the set guards nothing.
 func (ts tokenSet) open() bool { return len(ts.digests) == 0 }
 
-// match reports whether presented is one of the set's tokens. Every
-// digest is compared, whichever matches.
-func (ts tokenSet) match(presented []byte) bool {
+// match reports whether presented is one of the set's tokens, and the
+// name of the one it is. Every digest is compared, whichever matches, and
+// the index is picked without a branch on the comparison, so that the
+// time taken says nothing of which token (if any) matched.
+func (ts tokenSet) match(presented []byte) (string, bool) {
 	d := sha256.Sum256(presented)
-	ok := 0
+	ok, at := 0, 0
 	for i := range ts.digests {
-		ok |= subtle.ConstantTimeCompare(d[:], ts.digests[i][:])
+		eq := subtle.ConstantTimeCompare(d[:], ts.digests[i][:])
+		ok |= eq
+		at = subtle.ConstantTimeSelect(eq, i, at)
 	}
-	return ok == 1
+	if ok != 1 {
+		return "", false
+	}
+	return ts.names[at], true
+}
+
+// tenantKey is the context key under which guard leaves the tenant its
+// matched token names.
+type tenantKey struct{}
+
+// tokenTenant is the tenant the request's token names ("" for none).
+func tokenTenant(ctx context.Context) string {
+	name, _ := ctx.Value(tenantKey{}).(string)
+	return name
+}
+
+// tenant is whom a request is charged to in the admission queue: the
+// trusted header's value when the operator set one (TenantHeader) and
+// the request carries it, else its token's name. A header value that is
+// not a tenant name is a 400 naming the header.
+func (s *Server) tenant(r *http.Request) (string, error) {
+	if h := s.cfg.TenantHeader; h != "" {
+		switch vals := r.Header.Values(h); {
+		case len(vals) > 1:
+			return "", &kvroute.FieldError{Field: h, Msg: "is given more than once"}
+		case len(vals) == 1 && !ValidTenantName(vals[0]):
+			return "", &kvroute.FieldError{Field: h, Msg: "must match " + TenantNamePattern}
+		case len(vals) == 1:
+			return vals[0], nil
+		}
+	}
+	return tokenTenant(r.Context()), nil
 }
 
 // bearer is the token of an Authorization: Bearer header, if any.
@@ -100,7 +175,10 @@ func (s *Server) guard(sets ...tokenSet) func(http.Handler) http.Handler {
 			tok, ok := bearer(r)
 			if ok {
 				for _, ts := range sets {
-					if ts.match(tok) {
+					if name, ok := ts.match(tok); ok {
+						if name != "" {
+							r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, name))
+						}
 						next.ServeHTTP(w, r)
 						return
 					}
@@ -115,5 +193,28 @@ func (s *Server) guard(sets ...tokenSet) func(http.Handler) http.Handler {
 // tokens, which the proxy must not pass on to a replica.
 func (s *Server) isKvrouteToken(r *http.Request) bool {
 	tok, ok := bearer(r)
-	return ok && (s.admin.match(tok) || s.apiTok.match(tok))
+	if !ok {
+		return false
+	}
+	_, admin := s.admin.match(tok)
+	_, client := s.apiTok.match(tok)
+	return admin || client
+}
+
+// validHeaderName reports whether name is an HTTP field name (RFC 9110's
+// token): a tenant header the operator misspelt with a space or colon
+// would never match, and every request would be anonymous.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

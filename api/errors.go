@@ -3,7 +3,10 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/router"
@@ -27,7 +30,12 @@ const (
 	CodeMethod          = "method_not_allowed"
 	CodeInternal        = "internal"
 	CodeUnauthorized    = "unauthorized"
-	statusClientClosed  = 499
+	// CodeOverloaded is a request admission shed (429): the model's
+	// fleet is at capacity and the request could not wait; Reason says
+	// why (kvroute.Shed*: queue_full, band_full, tenant_full, ttl,
+	// no_wait, pod_limit).
+	CodeOverloaded     = "overloaded"
+	statusClientClosed = 499
 )
 
 // ErrorBody is the JSON every error answer carries, so that clients parse
@@ -42,6 +50,11 @@ type ErrorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// Reason and Position describe a shed request (429 overloaded, or
+	// 503 no_replica after the cold-start wait): why admission refused
+	// it, and how many requests were queued ahead of it.
+	Reason   string `json:"reason,omitempty"`
+	Position *int   `json:"position,omitempty"`
 }
 
 // codedError overrides the code statusOf would derive from err, for the few
@@ -72,8 +85,11 @@ func statusOf(err error) (int, ErrorDetail) {
 		re     *router.RequestError
 		mnf    *router.ModelNotFoundError
 		mbe    *http.MaxBytesError
+		shed   *router.ShedError
 	)
 	switch {
+	case errors.As(err, &shed):
+		status, d = shedStatus(shed)
 	case errors.As(err, &mbe):
 		status, d.Code = http.StatusRequestEntityTooLarge, CodeBodyTooLarge
 		d.Message = "request body is larger than the limit"
@@ -112,6 +128,58 @@ func statusOf(err error) (int, ErrorDetail) {
 	return status, d
 }
 
+// shedStatus is a shed request's answer: 503 no_replica when its model
+// had no replica within the cold-start wait, else 429 overloaded. The
+// message is for people; clients switch on code and reason.
+func shedStatus(e *router.ShedError) (int, ErrorDetail) {
+	pos := e.Position
+	d := ErrorDetail{Reason: e.Reason, Position: &pos}
+	if e.Reason == kvroute.ShedNoReplica {
+		d.Code = CodeNoReplica
+		d.Message = fmt.Sprintf("model %q has no replica ready: none came up within the cold-start wait", e.Model)
+		return http.StatusServiceUnavailable, d
+	}
+	d.Code = CodeOverloaded
+	d.Message = fmt.Sprintf("model %q is at capacity and the request was not admitted (%s; %d requests queued ahead of it): retry after the Retry-After seconds",
+		e.Model, shedWhy(e.Reason), e.Position)
+	return http.StatusTooManyRequests, d
+}
+
+// shedWhy is a shed reason in words.
+func shedWhy(reason string) string {
+	switch reason {
+	case kvroute.ShedQueueFull:
+		return "the model's queue is full"
+	case kvroute.ShedBandFull:
+		return "the queue of its priority is full"
+	case kvroute.ShedTenantFull:
+		return "its tenant has as many requests queued as it may"
+	case kvroute.ShedTTL:
+		return "it waited as long as the queue keeps a request"
+	case kvroute.ShedNoWait:
+		return "no replica has room and it asked not to wait"
+	case kvroute.ShedPodLimit:
+		return "the shared queue is unreachable and this router is at its share"
+	}
+	return "shed: " + reason
+}
+
+// retryAfter is the Retry-After of err's answer in whole seconds (rounded
+// up, at least 1), or "" for an answer that has none. A shed request
+// carries the router's estimate; every other 503 (no healthy replica,
+// store down) is usually brief.
+func retryAfter(err error, status int) string {
+	var shed *router.ShedError
+	switch {
+	case errors.As(err, &shed):
+		secs := int64((shed.RetryAfter + time.Second - 1) / time.Second)
+		return strconv.FormatInt(max(secs, 1), 10)
+	case status == http.StatusServiceUnavailable:
+		return "1"
+	}
+	return ""
+}
+
 // writeError answers with err's status and JSON body, counts it by code and
 // logs server-side failures, which the client cannot fix. On the OpenAI
 // endpoints the body has OpenAI's error shape, which their SDKs parse.
@@ -121,11 +189,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 && status != http.StatusServiceUnavailable {
 		s.log.ErrorContext(r.Context(), "request failed", "path", r.URL.Path, "status", status, "err", err)
 	}
-	switch status {
-	case http.StatusServiceUnavailable:
-		// Both causes (no healthy replica, store down) are usually brief.
-		w.Header().Set("Retry-After", "1")
-	case http.StatusUnauthorized:
+	if ra := retryAfter(err, status); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
+	if status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", authRealm)
 	}
 	if openAIPath(r.URL.Path) {
@@ -137,7 +204,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 
 // OpenAIErrorBody is the error shape of OpenAI's API, which kvroute's
 // OpenAI endpoints answer with: message, type, param (the request field
-// at fault, or null) and code (kvroute's error code).
+// at fault, or null) and code (kvroute's error code; a shed request's is
+// its reason, as OpenAI's rate limits carry theirs). A shed request's
+// type is rate_limit_exceeded (429) or service_unavailable (503), and
+// position is kvroute's extension, which OpenAI's SDKs ignore.
 type OpenAIErrorBody struct {
 	Error OpenAIErrorDetail `json:"error"`
 }
@@ -148,6 +218,8 @@ type OpenAIErrorDetail struct {
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
 	Code    string  `json:"code"`
+	// Position is how many requests were queued ahead of a shed one.
+	Position *int `json:"position,omitempty"`
 }
 
 // openAIError is d in OpenAI's shape, typed as OpenAI types errors.
@@ -157,6 +229,12 @@ func openAIError(status int, d ErrorDetail) OpenAIErrorBody {
 		e.Param = &d.Field
 	}
 	switch {
+	case d.Reason != "":
+		e.Code, e.Position = d.Reason, d.Position
+		e.Type = "rate_limit_exceeded"
+		if status == http.StatusServiceUnavailable {
+			e.Type = "service_unavailable"
+		}
 	case status == http.StatusUnauthorized:
 		e.Type = "authentication_error"
 	case status == http.StatusNotFound:

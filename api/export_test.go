@@ -1,11 +1,25 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 
 	"github.com/kvroute/kvroute/internal/strictjson"
+	"github.com/kvroute/kvroute/router"
 )
+
+// RouteFunc is Router.Route's signature.
+type RouteFunc func(context.Context, router.Request) (router.Decision, error)
+
+// WithRoute stands f in for the router's Route in c's server; next is
+// the router's own. The router's queue is not on main yet (and not the
+// API's to test): this is how the tests see what a request asked of it
+// and answer as the queue will (a wait, a *router.ShedError).
+func WithRoute(c *Config, f func(ctx context.Context, req router.Request, next RouteFunc) (router.Decision, error)) {
+	next := c.Router.Route
+	c.route = func(ctx context.Context, req router.Request) (router.Decision, error) { return f(ctx, req, next) }
+}
 
 // DecodeRouteRequestUnspliced decodes a /v1/route body the way
 // DecodeRouteRequest did before its scan parsed the token ids itself: the

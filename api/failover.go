@@ -66,7 +66,10 @@ func (p *proxyRequest) RoundTrip(out *http.Request) (*http.Response, error) {
 		// may be another replica's, or none).
 		setRankHeader(out.Header, p.d.Decision)
 		resp, err := p.s.proxy.RoundTrip(out)
-		if err == nil || attempt >= p.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
+		if err == nil {
+			return p.priorityRefused(out, resp)
+		}
+		if attempt >= p.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
 			return resp, err
 		}
 		target, ok := p.failover(out.Context(), err)
@@ -105,13 +108,15 @@ func (p *proxyRequest) failover(ctx context.Context, cause error) (*url.URL, boo
 		return nil, false
 	}
 	p.t.release()
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	dctx, cancel := context.WithTimeout(ctx, s.decisionTimeout(p.req))
 	defer cancel()
 	req := p.req
 	req.Tokens = p.d.prompt.Tokens
 	dctx, span := s.startDecision(dctx, req.Model, failed)
 	start := time.Now()
-	d, err := s.rt.Route(dctx, req)
+	d, err := s.cfg.route(dctx, req)
+	// The answer's wait is the whole request's.
+	d.Queued += p.d.Queued
 	next := keyed{Decision: d, prompt: p.d.prompt}
 	endDecision(span, next, err)
 	if err != nil {
@@ -150,10 +155,15 @@ func (p *proxyRequest) retarget(out *http.Request, target *url.URL) *http.Reques
 	next.URL = &url.URL{Path: p.in.URL.Path, RawPath: p.in.URL.RawPath, RawQuery: out.URL.RawQuery}
 	pr := &httputil.ProxyRequest{In: p.in, Out: next}
 	pr.SetURL(target)
-	next.Body = io.NopCloser(bytes.NewReader(p.fw.body))
-	next.ContentLength = int64(len(p.fw.body))
-	next.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(p.fw.body)), nil }
+	setBody(next, p.bodyFor(p.d.Replica))
 	return next
+}
+
+// setBody makes b out's body, from the start on every read of GetBody.
+func setBody(out *http.Request, b []byte) {
+	out.Body = io.NopCloser(bytes.NewReader(b))
+	out.ContentLength = int64(len(b))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 }
 
 // guardedTransport connects through the replica address policy (package

@@ -113,7 +113,7 @@ func (s *Server) decide(ctx context.Context, in prompt.Input, req router.Request
 	}
 	req.Tokens = res.Tokens
 	start := time.Now()
-	d, err := s.rt.Route(ctx, req)
+	d, err := s.cfg.route(ctx, req)
 	if err != nil {
 		return keyed{}, err
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/router"
 )
 
 // spec is openapi.yaml, loaded and validated once per test.
@@ -95,6 +97,9 @@ func TestOpenAPI(t *testing.T) {
 	h := newHarness(t, reps, func(c *api.Config) { c.MaxTokens = 100; c.MaxBodyBytes = 4096 })
 	dead := newHarness(t, []kvroute.Replica{{ID: "dead", Model: "m", URL: deadURL(t)}})
 	locked := newHarness(t, fleet(1, "m"), withTokens([]string{adminToken}, []string{apiToken}, true))
+	shed := newHarness(t, fleet(1, "m"), withAsked(&asked{err: &router.ShedError{Model: "m", Reason: kvroute.ShedQueueFull, RetryAfter: 2500 * time.Millisecond, Position: 3}}))
+	cold := newHarness(t, fleet(1, "m"), withAsked(&asked{err: &router.ShedError{Model: "m", Reason: kvroute.ShedNoReplica, RetryAfter: time.Second}}))
+	waited := newHarness(t, []kvroute.Replica{up.replica("r0")}, withAsked(&asked{queued: 40 * time.Millisecond}))
 
 	route := `{"model":"m","token_ids":` + tokenJSON(0, 40) + `,"explain":true}`
 	_, _, raw := h.do(t, http.MethodPost, "/v1/route", "application/json", route)
@@ -119,12 +124,21 @@ func TestOpenAPI(t *testing.T) {
 		{"route no healthy replica", "POST", "/v1/route", `{"model":"down","token_ids":[1]}`, 503, h, nil},
 		{"route unauthorized", "POST", "/v1/route", route, 401, locked, nil},
 		{"route with token", "POST", "/v1/route", `{"model":"m","token_ids":[1]}`, 200, locked, bearerHeader(apiToken)},
+		{"route priority and wait", "POST", "/v1/route", `{"model":"m","token_ids":[1],"priority":-1,"max_wait_ms":500}`, 200, waited, nil},
+		{"route bad priority", "POST", "/v1/route", `{"model":"m","token_ids":[1],"priority":0.5}`, 400, h, nil},
+		{"route shed", "POST", "/v1/route", `{"model":"m","token_ids":[1]}`, 429, shed, nil},
+		{"route cold start", "POST", "/v1/route", `{"model":"m","token_ids":[1]}`, 503, cold, nil},
 		{"first token", "POST", "/v1/requests/" + id + "/first-token", "", 200, h, nil},
 		{"release", "POST", "/v1/requests/" + id + "/release", "", 200, h, nil},
 		{"release unauthorized", "POST", "/v1/requests/x/release", "", 401, locked, nil},
 		{"completion", "POST", "/v1/completions", `{"model":"m","prompt":[1,2,3]}`, 200, h, nil},
 		{"completion stream", "POST", "/v1/completions", `{"model":"m","prompt":[1,2,3],"stream":true}`, 200, h, nil},
 		{"chat", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 200, h, nil},
+		{"completion priority", "POST", "/v1/completions", `{"model":"m","prompt":[1],"priority":2}`, 200, waited, []string{api.HeaderMaxWaitMs, "100"}},
+		{"chat priority header", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 200, waited, []string{api.HeaderPriority, "3"}},
+		{"completion bad priority", "POST", "/v1/completions", `{"model":"m","prompt":[1],"priority":"high"}`, 400, h, nil},
+		{"completion shed", "POST", "/v1/completions", `{"model":"m","prompt":[1]}`, 429, shed, nil},
+		{"chat cold start", "POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 503, cold, nil},
 		{"completion redirect", "POST", "/v1/completions?redirect=true", `{"model":"m","prompt":[1]}`, 307, h, nil},
 		{"completion bad redirect", "POST", "/v1/completions?redirect=1", `{"model":"m","prompt":[1]}`, 400, h, nil},
 		{"completion bad prompt", "POST", "/v1/completions", `{"model":"m","prompt":[1,-2]}`, 400, h, nil},

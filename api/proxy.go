@@ -60,6 +60,10 @@ type openAIRequest struct {
 	CacheSalt           string          `json:"cache_salt"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       json.RawMessage `json:"stream_options"`
+	// Priority is vLLM's priority field (an integer, lower first): the
+	// request's admission band, forwarded only to a replica that
+	// schedules by priority (see forwarded).
+	Priority json.RawMessage `json:"priority"`
 }
 
 // input is the body's prompt for the front door. text is the single text
@@ -144,7 +148,7 @@ func (s *Server) proxyOpenAI(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.decisionTimeout(req))
 	d, err := s.decide(ctx, in, req)
 	cancel()
 	if err != nil {
@@ -180,6 +184,12 @@ func (s *Server) openAIQuestion(r *http.Request, oa *openAIRequest) (req router.
 		return req, in, false, err
 	}
 	req = router.Request{Model: oa.Model, SessionID: session, CacheSalt: oa.CacheSalt}
+	if err := proxyAdmission(&req, r, oa); err != nil {
+		return req, in, false, err
+	}
+	if req.Tenant, err = s.tenant(r); err != nil {
+		return req, in, false, err
+	}
 	for _, mt := range []struct {
 		field string
 		n     *int
@@ -209,7 +219,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, oa
 		t: &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}}
 	var err error
 	if p.target, err = replicaTarget(d.Replica); err == nil {
-		p.fw, err = s.forwardBody(body, oa, d, text)
+		p.fw, err = s.forwardBody(body, oa, req, d, text)
 	}
 	if err != nil {
 		p.t.release()
@@ -217,8 +227,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, oa
 		return
 	}
 	p.stripToken = s.isKvrouteToken(r)
-	r.Body = io.NopCloser(bytes.NewReader(p.fw.body))
-	r.ContentLength = int64(len(p.fw.body))
+	first := p.bodyFor(d.Replica)
+	r.Body = io.NopCloser(bytes.NewReader(first))
+	r.ContentLength = int64(len(first))
 	rp := &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
 		Transport: p,
@@ -347,21 +358,32 @@ func (s *Server) redirect(w http.ResponseWriter, r *http.Request, d keyed) {
 // forwarded is the body sent to the replica and what was changed in it.
 type forwarded struct {
 	body []byte
+	// bare is body without its priority field, for a replica that does
+	// not schedule by priority (vLLM refuses a non-zero priority unless
+	// started with --scheduling-policy priority); nil when body has
+	// none.
+	bare []byte
 	// stripUsage is true when kvroute asked a stream for its usage chunk
 	// (to compare cached tokens) and the client did not: the chunk is
 	// removed from what the client receives.
 	stripUsage bool
 }
 
-// forwardBody is the body the replica gets: the client's, with two
+// forwardBody is the body the replica gets: the client's, with three
 // rewrites. A completion's text prompt that kvroute tokenized itself goes
 // as the ids it keyed (vLLM takes a token-id prompt), so the engine does
-// not tokenize again and caches exactly the blocks kvroute keyed. And a
+// not tokenize again and caches exactly the blocks kvroute keyed. A
 // stream asks for its usage chunk, which carries the cached-token count
-// that believed-versus-served compares.
-func (s *Server) forwardBody(body []byte, oa *openAIRequest, d keyed, text bool) (forwarded, error) {
+// that believed-versus-served compares. And a priority given in
+// HeaderPriority goes in vLLM's field, so that a replica scheduling by
+// priority orders the request as the queue did; bare is the body without
+// it, for replicas that do not.
+func (s *Server) forwardBody(body []byte, oa *openAIRequest, req router.Request, d keyed, text bool) (forwarded, error) {
 	fw := forwarded{body: body}
 	edits := map[string]any{}
+	if oa.Priority == nil && req.Priority != 0 {
+		edits[priorityField] = req.Priority
+	}
 	if text && !s.cfg.NoTokenForwarding && d.prompt.Source == prompt.SourceLocal && d.prompt.Partial == "" {
 		edits["prompt"] = d.prompt.Tokens
 	}
@@ -378,12 +400,23 @@ func (s *Server) forwardBody(body []byte, oa *openAIRequest, d keyed, text bool)
 			fw.stripUsage = true
 		}
 	}
-	if len(edits) == 0 {
+	if len(edits) == 0 && oa.Priority == nil {
 		return fw, nil
 	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		return fw, jsonError(err)
+	}
+	if len(edits) == 0 {
+		// Only the priority to strip: the body goes as sent to replicas
+		// that schedule by it.
+		delete(top, priorityField)
+		bare, err := json.Marshal(top)
+		if err != nil {
+			return fw, fmt.Errorf("api: forward: %w", err)
+		}
+		fw.bare = bare
+		return fw, nil
 	}
 	for k, v := range edits {
 		raw, err := json.Marshal(v)
@@ -397,6 +430,12 @@ func (s *Server) forwardBody(body []byte, oa *openAIRequest, d keyed, text bool)
 		return fw, fmt.Errorf("api: forward: %w", err)
 	}
 	fw.body = out
+	if _, ok := top[priorityField]; ok {
+		delete(top, priorityField)
+		if fw.bare, err = json.Marshal(top); err != nil {
+			return fw, fmt.Errorf("api: forward: %w", err)
+		}
+	}
 	return fw, nil
 }
 

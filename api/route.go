@@ -51,6 +51,13 @@ type RouteRequest struct {
 	Policy    string `json:"policy,omitempty"`
 	// Explain asks for every candidate's score in the answer.
 	Explain bool `json:"explain,omitempty"`
+	// Priority is the request's admission band, as vLLM's priority:
+	// lower is admitted first, 0 (absent) the default.
+	Priority *int64 `json:"priority,omitempty"`
+	// MaxWaitMS is how long the request may wait for a replica with room
+	// when the fleet is at capacity, in milliseconds; absent or 0 it does
+	// not wait: the answer is a 429 at once, with its queue position.
+	MaxWaitMS *int64 `json:"max_wait_ms,omitempty"`
 }
 
 // ReplicaRef is where a decision sends the request.
@@ -93,8 +100,11 @@ type RouteResponse struct {
 	// DataParallelRank is the engine of a data-parallel replica the
 	// decision chose, for the X-data-parallel-rank header; absent when
 	// the replica has one engine or picks its own.
-	DataParallelRank *int            `json:"data_parallel_rank,omitempty"`
-	Candidates       []scoring.Score `json:"candidates,omitempty"`
+	DataParallelRank *int `json:"data_parallel_rank,omitempty"`
+	// QueuedMS is how long the request waited for admission, in
+	// milliseconds; absent when it was admitted at once.
+	QueuedMS   int64           `json:"queued_ms,omitempty"`
+	Candidates []scoring.Score `json:"candidates,omitempty"`
 }
 
 // ProgressResponse answers first-token and release. Found is false when
@@ -156,11 +166,19 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, in, err := s.routeRequest(body, session)
+	if err == nil {
+		err = routeAdmission(&req, body)
+	}
+	if err == nil {
+		req.Tenant, err = s.tenant(r)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	d, err := s.decide(r.Context(), in, req)
+	ctx, cancel := context.WithTimeout(r.Context(), s.decisionTimeout(req))
+	defer cancel()
+	d, err := s.decide(ctx, in, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -187,6 +205,7 @@ func routeResponse(d keyed) RouteResponse {
 		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
 		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
 		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial, IndexIncomplete: d.IndexIncomplete,
+		QueuedMS: queuedMS(d.Queued),
 	}
 }
 
@@ -311,6 +330,12 @@ func setDecisionHeaders(h http.Header, d keyed) {
 	h.Set(HeaderTokenization, string(d.prompt.Source))
 	h.Set(HeaderMatchedBlocks, strconv.Itoa(d.Matched))
 	setRankHeader(h, d.Decision)
+	if ms := queuedMS(d.Queued); ms > 0 {
+		h.Set(HeaderQueuedMs, strconv.FormatInt(ms, 10))
+	} else {
+		// A failover's decision may not have waited where the first did.
+		h.Del(HeaderQueuedMs)
+	}
 	var reasons []string
 	if d.IndexIncomplete {
 		reasons = append(reasons, ReasonIndexIncomplete)

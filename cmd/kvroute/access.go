@@ -22,6 +22,7 @@ type accessFlags struct {
 	adminToken, adminTokenFile string
 	apiTokens                  stringList
 	apiTokenFile               string
+	tenantHeader               string
 	metricsAuth, insecureAdmin bool
 	allowCIDRs                 prefixList
 	maxOutputTokens            int
@@ -37,7 +38,8 @@ func addAccessFlags(fs *flag.FlagSet, rc *router.Config) *accessFlags {
 	fs.StringVar(&a.adminToken, "admin-token", "", "bearer `token` the admin API requires (the registry, GET /v1/replicas included); prefer the environment or --admin-token-file, a flag shows in ps")
 	fs.StringVar(&a.adminTokenFile, "admin-token-file", "", "`file` of admin tokens, one a line (# comments; several for rotation)")
 	fs.Var(&a.apiTokens, "api-tokens", "comma-separated bearer `tokens` the decision API and the OpenAI proxy require (default: open); an admin token opens them too")
-	fs.StringVar(&a.apiTokenFile, "api-token-file", "", "`file` of API tokens, one a line")
+	fs.StringVar(&a.apiTokenFile, "api-token-file", "", "`file` of API tokens, one a line: NAME:TOKEN names the tenant its requests are charged to in the admission queue (NAME: [A-Za-z0-9._-], at most 64), a bare TOKEN the anonymous tenant")
+	fs.StringVar(&a.tenantHeader, "tenant-header", "", "request `header` whose value is the tenant, winning over the token's name; only for a gateway that sets it itself (default: none trusted)")
 	fs.BoolVar(&a.metricsAuth, "metrics-auth", false, "put /metrics behind the admin token (default: open, for Prometheus)")
 	fs.BoolVar(&a.insecureAdmin, "insecure-admin", false, "serve the admin API without a token on a non-loopback address (anyone who reaches the port can redirect traffic)")
 	fs.Var(&a.allowCIDRs, "allow-replica-cidrs", "comma-separated `prefixes` a replica's address may be in although refused by default (link-local, metadata services)")
@@ -50,6 +52,7 @@ func addAccessFlags(fs *flag.FlagSet, rc *router.Config) *accessFlags {
 // resolve reads the token files and checks the values.
 func (a *accessFlags) resolve(rc router.Config) error {
 	var admin, client []string
+	var named []api.NamedToken
 	if a.adminToken != "" {
 		admin = append(admin, a.adminToken)
 	}
@@ -66,9 +69,19 @@ func (a *accessFlags) resolve(rc router.Config) error {
 		if err != nil {
 			return fmt.Errorf("--api-token-file: %w", err)
 		}
-		client = append(client, toks...)
+		for _, t := range toks {
+			if nt, ok := namedToken(t); ok {
+				named = append(named, nt)
+			} else {
+				client = append(client, t)
+			}
+		}
 	}
-	for i, t := range append(append([]string(nil), admin...), client...) {
+	all := append(append([]string(nil), admin...), client...)
+	for _, nt := range named {
+		all = append(all, nt.Token)
+	}
+	for i, t := range all {
 		if len(t) < api.MinTokenBytes {
 			// Never quote a token.
 			return fmt.Errorf("token %d is shorter than %d bytes", i, api.MinTokenBytes)
@@ -87,7 +100,10 @@ func (a *accessFlags) resolve(rc router.Config) error {
 	case rc.MaxLease < time.Second:
 		return fmt.Errorf("--max-lease %v is shorter than a request", rc.MaxLease)
 	}
-	a.access = api.Access{AdminTokens: admin, APITokens: client, MetricsAuth: a.metricsAuth}
+	if a.tenantHeader != "" && strings.ContainsAny(a.tenantHeader, " \t:") {
+		return fmt.Errorf("--tenant-header %q is not a header name", a.tenantHeader)
+	}
+	a.access = api.Access{AdminTokens: admin, APITokens: client, NamedAPITokens: named, MetricsAuth: a.metricsAuth, TenantHeader: a.tenantHeader}
 	a.policy = kvroute.AddressPolicy{Allow: a.allowCIDRs}
 	return nil
 }
@@ -145,6 +161,17 @@ func readTokens(path string) ([]string, error) {
 		return nil, fmt.Errorf("%s holds no token", path)
 	}
 	return out, nil
+}
+
+// namedToken reads a token file's NAME:TOKEN line; ok is false for a
+// bare token (no colon, or what precedes the first colon is not a tenant
+// name, as in a token that holds a colon of its own).
+func namedToken(line string) (api.NamedToken, bool) {
+	name, tok, ok := strings.Cut(line, ":")
+	if !ok || !api.ValidTenantName(name) {
+		return api.NamedToken{}, false
+	}
+	return api.NamedToken{Name: name, Token: strings.TrimSpace(tok)}, true
 }
 
 // stringList is a comma-separated flag, repeatable.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -55,6 +56,62 @@ func TestAccessFlags(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := parseServe(tt.args, noenv, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want an error containing %q", err, tt.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "secret") {
+				t.Errorf("the error quotes the token: %v", err)
+			}
+		})
+	}
+}
+
+func TestNamedAPITokens(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "api")
+	lines := "# tenants\nteam-a:token-of-team-a-0123\nbare-token-0123456789ab\nteam.b_2:token-of-team-b-0123\nnot a name:token-with-colon-0123\n"
+	if err := os.WriteFile(file, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noenv := func(string) string { return "" }
+	t.Run("names and bare tokens", func(t *testing.T) {
+		_, lc, err := parseServe([]string{"--api-token-file", file, "--tenant-header", "X-Tenant"}, noenv, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := lc.access.access
+		if got, want := fmt.Sprint(a.NamedAPITokens), "[{team-a token-of-team-a-0123} {team.b_2 token-of-team-b-0123}]"; got != want {
+			t.Errorf("named = %s, want %s", got, want)
+		}
+		if got, want := fmt.Sprint(a.APITokens), "[bare-token-0123456789ab not a name:token-with-colon-0123]"; got != want {
+			t.Errorf("bare = %s, want %s", got, want)
+		}
+		if a.TenantHeader != "X-Tenant" {
+			t.Errorf("tenant header = %q, want X-Tenant", a.TenantHeader)
+		}
+	})
+	t.Run("default trusts no header", func(t *testing.T) {
+		_, lc, err := parseServe(nil, noenv, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := lc.access.access.TenantHeader; got != "" {
+			t.Errorf("tenant header = %q, want none", got)
+		}
+	})
+	for _, tt := range []struct {
+		name, file, want string
+		args             []string
+	}{
+		{"short named token", "team:short-secret\n", "shorter than 16", nil},
+		{"bad tenant header", "team:token-of-team-a-0123\n", "--tenant-header", []string{"--tenant-header", "X Tenant"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-"))
+			if err := os.WriteFile(f, []byte(tt.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := parseServe(append([]string{"--api-token-file", f}, tt.args...), noenv, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("got %v, want an error containing %q", err, tt.want)
 			}
