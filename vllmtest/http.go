@@ -43,6 +43,7 @@ type genRequest struct {
 	AddSpecialTokens     *bool           `json:"add_special_tokens"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
+	Priority             int             `json:"priority"`
 }
 
 type streamOptions struct {
@@ -158,7 +159,11 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 		return
 	}
 
-	release, err := r.schedule(ctx)
+	if err := r.checkPriority(g.Priority); err != nil {
+		writeError(w, err)
+		return
+	}
+	release, err := r.schedule(ctx, g.Priority)
 	if err != nil {
 		return // the client went away while waiting
 	}
@@ -240,36 +245,6 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 	if flusher != nil {
 		flusher.Flush()
 	}
-}
-
-// schedule waits for a running slot, counting the request as waiting
-// meanwhile, and returns the function that frees the slot.
-func (r *Replica) schedule(ctx context.Context) (release func(), err error) {
-	r.mu.Lock()
-	r.waiting++
-	r.mu.Unlock()
-	if r.slots != nil {
-		select {
-		case r.slots <- struct{}{}:
-		case <-ctx.Done():
-			r.mu.Lock()
-			r.waiting--
-			r.mu.Unlock()
-			return nil, ctx.Err()
-		}
-	}
-	r.mu.Lock()
-	r.waiting--
-	r.running++
-	r.mu.Unlock()
-	return func() {
-		r.mu.Lock()
-		r.running--
-		r.mu.Unlock()
-		if r.slots != nil {
-			<-r.slots
-		}
-	}, nil
 }
 
 func perTokens(n int, rate float64) time.Duration {

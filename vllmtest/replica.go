@@ -65,10 +65,17 @@ type Config struct {
 	CapacityBlocks int
 	// MaxModelLen is the longest prompt accepted. Zero means 32768 tokens.
 	MaxModelLen int
-	// MaxRunning bounds concurrently running requests; others wait and are
-	// counted in vllm:num_requests_waiting, so that tests can build a
-	// queue. Zero means unbounded.
+	// MaxRunning bounds concurrently running requests, as vllm serve's
+	// --max-num-seqs does; others wait and are counted in
+	// vllm:num_requests_waiting, so that tests can build a queue. Zero
+	// means unbounded.
 	MaxRunning int
+	// SchedulingPolicy orders the waiting requests, as vllm serve's
+	// --scheduling-policy: PolicyFCFS runs them in arrival order and
+	// refuses a request whose priority field is not 0 (400, vLLM's
+	// message); PolicyPriority runs them in (priority, arrival) order,
+	// lowest first. Empty means PolicyFCFS, vLLM's default.
+	SchedulingPolicy string
 	// PrefillTokensPerSec and DecodeTokensPerSec set the simulated speed:
 	// a request sleeps uncached_tokens/PrefillTokensPerSec before its first
 	// token and 1/DecodeTokensPerSec per token, so that a cache hit is
@@ -156,6 +163,9 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.SchedulingPolicy == "" {
+		c.SchedulingPolicy = PolicyFCFS
+	}
 	switch {
 	case c.BlockSize < 0, c.CapacityBlocks < 0, c.MaxModelLen < 0, c.MaxRunning < 0, c.ReplayBuffer < 0:
 		return errors.New("sizes must not be negative")
@@ -163,6 +173,8 @@ func (c *Config) setDefaults() error {
 		return errors.New("speeds must not be negative")
 	case c.EventEncoding != EncodingArray && c.EventEncoding != EncodingMap:
 		return fmt.Errorf("unknown event encoding %q", c.EventEncoding)
+	case c.SchedulingPolicy != PolicyFCFS && c.SchedulingPolicy != PolicyPriority:
+		return fmt.Errorf("unknown scheduling policy %q (want fcfs or priority)", c.SchedulingPolicy)
 	}
 	return nil
 }
@@ -191,8 +203,10 @@ type Replica struct {
 	waiting    int
 	reqID      uint64
 
+	queue    []*waiter // requests waiting for a running slot
+	arrivals uint64    // the waiting queue's arrival counter
+
 	notify chan struct{} // wakes the publisher, capacity 1
-	slots  chan struct{} // running-request semaphore, nil when unbounded
 
 	// Set by Start.
 	started  bool
@@ -226,9 +240,6 @@ func New(cfg Config) (*Replica, error) {
 		healthy: true,
 		notify:  make(chan struct{}, 1),
 		done:    make(chan struct{}),
-	}
-	if cfg.MaxRunning > 0 {
-		r.slots = make(chan struct{}, cfg.MaxRunning)
 	}
 	return r, nil
 }

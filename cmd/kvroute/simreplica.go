@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/app"
+	"github.com/kvroute/kvroute/vllmtest"
 )
 
 // parseSimReplica turns the command line and environment into a simulated
@@ -32,6 +33,8 @@ func parseSimReplica(args []string, getenv func(string) string, stderr io.Writer
 	fs.Float64Var(&c.DecodeTokensPerSec, "decode-tokens-per-sec", 200, "simulated decode speed, in output tokens a second (0: instantaneous)")
 	fs.IntVar(&c.DataParallelSize, "data-parallel-size", 1, "data-parallel engines behind the one HTTP port, as vLLM's: engine r's events and replay ports are --events' and --replay's plus r")
 	fs.BoolVar(&c.IgnoreDataParallelRank, "ignore-data-parallel-rank", false, "round-robin requests over the engines whatever their X-data-parallel-rank header says (a vLLM without the header)")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", 0, "requests it runs at once, as vLLM's --max-num-seqs; the rest wait, counted in vllm:num_requests_waiting (0: unbounded)")
+	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", vllmtest.PolicyFCFS, "`policy` ordering its waiting requests, as vLLM's: fcfs (arrival order; a request with a non-zero priority gets 400) or priority ((priority, arrival) order, lowest first)")
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	fs.Usage = flagUsage(fs, stderr, "sim-replica", "Runs one simulated vLLM replica (no model, no GPU): the OpenAI API, KV cache events over ZeroMQ\nwith a replay socket, and Qwen3's tokenizer and chat template. For local fleets and trials; register it\nwith kvroute serve like any replica.\n")
@@ -54,6 +57,10 @@ func parseSimReplica(args []string, getenv func(string) string, stderr io.Writer
 		return c, lc, fmt.Errorf("--capacity-blocks must be positive, got %d", c.CapacityBlocks)
 	case c.DataParallelSize < 1 || c.DataParallelSize > kvroute.MaxDataParallelSize:
 		return c, lc, fmt.Errorf("--data-parallel-size must be in 1..%d, got %d", kvroute.MaxDataParallelSize, c.DataParallelSize)
+	case c.MaxNumSeqs < 0:
+		return c, lc, fmt.Errorf("--max-num-seqs must be 0 or more, got %d", c.MaxNumSeqs)
+	case c.SchedulingPolicy != vllmtest.PolicyFCFS && c.SchedulingPolicy != vllmtest.PolicyPriority:
+		return c, lc, fmt.Errorf("--scheduling-policy must be fcfs or priority, got %q", c.SchedulingPolicy)
 	case !(c.PrefillTokensPerSec >= 0) || !(c.DecodeTokensPerSec >= 0):
 		return c, lc, errors.New("--prefill-tokens-per-sec and --decode-tokens-per-sec must be 0 or more")
 	}

@@ -65,3 +65,40 @@ func TestParseSimReplicaDataParallel(t *testing.T) {
 		t.Errorf("default: size %d ignore %v (%v), want one engine honouring the header", c.DataParallelSize, c.IgnoreDataParallelRank, err)
 	}
 }
+
+// TestParseSimReplicaScheduler: --max-num-seqs and --scheduling-policy
+// reach the replica's configuration, from flags or the environment, with
+// vLLM's default policy, and bad values name their flag.
+func TestParseSimReplicaScheduler(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		env        map[string]string
+		wantSeqs   int
+		wantPolicy string
+		wantErr    string
+	}{
+		{name: "unbounded fcfs by default", wantPolicy: "fcfs"},
+		{name: "flags", args: []string{"--max-num-seqs", "8", "--scheduling-policy", "priority"}, wantSeqs: 8, wantPolicy: "priority"},
+		{name: "env", env: map[string]string{"KVROUTE_MAX_NUM_SEQS": "2", "KVROUTE_SCHEDULING_POLICY": "priority"}, wantSeqs: 2, wantPolicy: "priority"},
+		{name: "negative", args: []string{"--max-num-seqs", "-1"}, wantErr: "--max-num-seqs"},
+		{name: "unknown policy", args: []string{"--scheduling-policy", "lifo"}, wantErr: "--scheduling-policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _, err := parseSimReplica(tt.args, func(k string) string { return tt.env[k] }, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.MaxNumSeqs != tt.wantSeqs || c.SchedulingPolicy != tt.wantPolicy {
+				t.Errorf("got max-num-seqs %d policy %q, want %d and %q", c.MaxNumSeqs, c.SchedulingPolicy, tt.wantSeqs, tt.wantPolicy)
+			}
+		})
+	}
+}

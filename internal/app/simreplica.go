@@ -40,6 +40,17 @@ type SimReplicaConfig struct {
 	// requests whatever their X-data-parallel-rank header says, as a vLLM
 	// without the header does. False honours the header.
 	IgnoreDataParallelRank bool
+	// MaxNumSeqs bounds the requests it runs at once, as vllm serve
+	// --max-num-seqs does; the rest wait, counted in
+	// vllm:num_requests_waiting, so that a local fleet can be driven past
+	// its capacity. Zero means unbounded.
+	MaxNumSeqs int
+	// SchedulingPolicy orders its waiting requests, as vllm serve
+	// --scheduling-policy: vllmtest.PolicyFCFS (arrival order; a request
+	// with a non-zero priority is refused with 400) or
+	// vllmtest.PolicyPriority ((priority, arrival) order, lowest first).
+	// Empty means fcfs, vLLM's default.
+	SchedulingPolicy string
 	// Logger receives its logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -68,6 +79,7 @@ func RunSimReplica(ctx context.Context, c SimReplicaConfig) error {
 	cfg := vllmtest.Config{
 		Model: c.Model, BlockSize: c.BlockSize, CapacityBlocks: c.CapacityBlocks,
 		PrefillTokensPerSec: c.PrefillTokensPerSec, DecodeTokensPerSec: c.DecodeTokensPerSec,
+		MaxRunning: c.MaxNumSeqs, SchedulingPolicy: c.SchedulingPolicy,
 		Tokenizer: enc, ChatTemplate: tmpl, Topic: c.Topic,
 		HTTPAddr: c.Listen, EventsEndpoint: c.Events, ReplayEndpoint: c.Replay,
 		Logger: log,
