@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/api"
 	"github.com/kvroute/kvroute/dialer"
 	"github.com/kvroute/kvroute/internal/telemetry"
@@ -232,6 +233,7 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		Transport:         a.Dialer.Transport(),
 		MaxOutputTokens:   cfg.MaxOutputTokens,
 		ProxyRetries:      cfg.ProxyRetries,
+		MaxQueueWait:      maxQueueWait(cfg.Router.Admission),
 		Metrics:           promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}),
 		MeterProvider:     a.tel.MeterProvider,
 		TracerProvider:    a.tel.TracerProvider,
@@ -459,4 +461,14 @@ func LoadReplicasFile(path string) ([]kvroute.Replica, error) {
 		seen[r.ID] = true
 	}
 	return reps, nil
+}
+
+// maxQueueWait is the longest a decision may wait for admission: the
+// queue's TTL or the cold-start wait, whichever is longer; negative (no
+// wait) with admission off.
+func maxQueueWait(c admission.Config) time.Duration {
+	if !c.Enabled {
+		return -1
+	}
+	return max(c.TTLOrDefault(), c.ColdStartWait())
 }
