@@ -138,6 +138,9 @@ func (r *Router) FirstToken(ctx context.Context, requestID string) (bool, error)
 // Release ends a request's booking, or queues the release as FirstToken
 // does.
 func (r *Router) Release(ctx context.Context, requestID string) (bool, error) {
+	if r.adm != nil {
+		r.adm.released(requestID)
+	}
 	return r.report(ctx, report{kind: reportRelease, id: requestID, at: r.now()})
 }
 

@@ -53,6 +53,13 @@ type admitter struct {
 	// model Config.Models names does.
 	known map[string]bool
 	wake  chan struct{}
+	// capacity and pods are the fallback's (fallback.go): each model's
+	// last known fleet capacity, and the pods sharing the queue; local
+	// the degraded admissions this pod holds, by model.
+	capacity map[string]int64
+	pods     int
+	local    map[string]map[string]time.Time
+	lastPods time.Time
 	// refresh describes a model's capacity from a fresh registry read
 	// (Router.describeModel), so that replicas that came up are seen.
 	refresh func(ctx context.Context, model string)
@@ -75,7 +82,8 @@ type capSeen struct {
 
 func newAdmitter(q Queue, cfg admission.Config, pod string, log *slog.Logger, now func() time.Time, m *admitMetrics) *admitter {
 	return &admitter{q: q, cfg: cfg, pod: pod, log: log, now: now, m: m,
-		waiters: map[string]*waiter{}, caps: map[string]capSeen{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+		waiters: map[string]*waiter{}, caps: map[string]capSeen{}, known: map[string]bool{}, wake: make(chan struct{}, 1),
+		capacity: map[string]int64{}, local: map[string]map[string]time.Time{}}
 }
 
 // describe tells the store model's capacity when this pod's view of it
@@ -88,6 +96,7 @@ func (a *admitter) describe(ctx context.Context, r *Router, model string, bs int
 			c.Replicas[rep.ID] = lims[i]
 		}
 	}
+	a.noteCapacity(model, c)
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d,%d,%v,%v;", c.BlockSize, c.MaxInFlight, c.StaleAfter, c.StaleSaturated)
 	for _, id := range slices.Sorted(maps.Keys(c.Replicas)) {
@@ -287,8 +296,15 @@ func (a *admitter) run(ctx context.Context) error {
 	}
 }
 
-// beat kicks every model this pod holds waiters for.
+// beat kicks every model this pod holds waiters for, and now and then
+// counts the pods sharing the queue.
 func (a *admitter) beat(ctx context.Context) {
+	if now := a.now(); now.Sub(a.lastPods) > capRefresh/2 {
+		a.lastPods = now
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		a.countPods(pctx)
+		cancel()
+	}
 	a.mu.Lock()
 	byModel := map[string][]string{}
 	for id, w := range a.waiters {

@@ -323,15 +323,20 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	}
 	d, ask, err := r.decideOnce(ctx, req, tm, "", "")
 	if err != nil || ask == nil {
-		if err == nil && r.adm != nil && !d.Degraded {
-			r.adm.m.admittedAfter(req, 0)
-		}
-		return d, err
+		return d, r.admitted(req, d, err)
 	}
 	qctx, st := r.stage(ctx, "kvroute.queue", nil)
 	start := r.now()
 	seat, err := r.adm.wait(qctx, r, req, ask.id, ask.cost, ask.cold)
 	waited := r.now().Sub(start)
+	if errors.Is(err, kvroute.ErrUnavailable) {
+		// The queue is away with the store: decide degraded, within
+		// this pod's share (fallback.go).
+		st.end(err)
+		r.markDown(r.modelWindow(req.Model))
+		d, _, err = r.decideOnce(ctx, req, tm, "", "")
+		return d, r.admitted(req, d, err)
+	}
 	st.end(err, attribute.String("kvroute.replica", seat), attribute.Int64("kvroute.queued_ms", waited.Milliseconds()),
 		attribute.Int("kvroute.priority", req.Priority), attribute.String("kvroute.tenant", req.Tenant))
 	if err != nil {
@@ -346,6 +351,20 @@ func (r *Router) route(ctx context.Context, req Request, tm *Stages) (Decision, 
 	d.Queued = waited
 	r.adm.m.admittedAfter(req, max(waited, time.Nanosecond))
 	return d, nil
+}
+
+// admitted accounts for a decision made at once under admission: a
+// degraded one (the store unreachable) counts against this pod's
+// fallback share, or is shed by it.
+func (r *Router) admitted(req Request, d Decision, err error) error {
+	if err != nil || r.adm == nil {
+		return err
+	}
+	if d.Degraded && d.Reason != ReasonStoreReset {
+		return r.adm.fallback(req, d)
+	}
+	r.adm.m.admittedAfter(req, 0)
+	return nil
 }
 
 // queueAsk is a decision that found no replica with room: it queues as

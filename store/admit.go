@@ -195,3 +195,11 @@ func parseGrant(p string) (kvroute.Grant, bool) {
 	}
 	return kvroute.Grant{RequestID: f[0], Replica: f[1], At: time.UnixMilli(at)}, true
 }
+
+// Pods counts the serving pods sharing the queue: the channels with a
+// subscriber among kvr:grant:* (each pod subscribes to its own). Under
+// Cluster it is the pods connected to the node asked.
+func (s *Store) Pods(ctx context.Context) (int, error) {
+	ch, err := s.c.PubSubChannels(ctx, "kvr:grant:*").Result()
+	return len(ch), wrap("pods", err)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,5 +243,51 @@ func TestAdmissionColdStart(t *testing.T) {
 		if err := wait.Recv(t, "a decision", done); err != nil {
 			t.Errorf("decision: %v", err)
 		}
+	}
+}
+
+// TestAdmissionStoreDown: with the store gone the queue is too; decisions
+// go degraded within this pod's share of the last capacity it knew (two
+// replicas of one request each, one pod: two), the rest are shed at once
+// with pod_limit, none waits, and once the store is back a release
+// frees the share.
+func TestAdmissionStoreDown(t *testing.T) {
+	rp := startRedisProc(t)
+	cfg := admission.Config{Enabled: true, Limits: kvroute.Limits{MaxRequests: 1}}
+	p := startAdmitPod(t, rp.url(), "pod-a", cfg)
+	st, err := store.Open(context.Background(), rp.url(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const model = "down"
+	putReplicas(t, st, model, 2)
+	ctx := context.Background()
+	req := router.Request{Model: model, Tokens: seqTokens(5, 32), MaxTokens: 4, MaxWait: -1}
+	// One decision with the store up: the pod learns the capacity.
+	d, err := p.a.Router.Route(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.a.Router.Release(ctx, d.RequestID); err != nil {
+		t.Fatal(err)
+	}
+	rp.kill(syscall.SIGKILL)
+	var ids []string
+	for i := range 2 {
+		d, err := p.a.Router.Route(ctx, req)
+		if err != nil || !d.Degraded {
+			t.Fatalf("degraded decision %d = %+v, %v; want admitted, degraded", i, d.Degraded, err)
+		}
+		ids = append(ids, d.RequestID)
+	}
+	_, err = p.a.Router.Route(ctx, req)
+	var se *router.ShedError
+	if !errors.As(err, &se) || se.Reason != kvroute.ShedPodLimit {
+		t.Fatalf("third decision with the store down: err = %v, want a pod_limit shed", err)
+	}
+	_, _ = p.a.Router.Release(ctx, ids[0])
+	if d, err := p.a.Router.Route(ctx, req); err != nil || !d.Degraded {
+		t.Fatalf("decision after a release = %+v, %v; want admitted", d.Degraded, err)
 	}
 }

@@ -16,6 +16,7 @@ var (
 	_ router.Registry     = (*store.Store)(nil)
 	_ router.Domains      = (*store.Store)(nil)
 	_ router.Queue        = (*store.Store)(nil)
+	_ router.Pods         = (*store.Store)(nil)
 	_ api.Registry        = (*store.Store)(nil)
 	_ api.PinRecorder     = (*store.Store)(nil)
 	_ ingestor.Store      = (*store.Store)(nil)
