@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -60,6 +61,14 @@ type Config struct {
 	DecodeBooking string `json:"decode_booking,omitempty"`
 	// Seed drives tie-breaks, power-of-two sampling and event loss.
 	Seed uint64 `json:"seed"`
+	// Admission is the fleet's admission policy, run through the
+	// service's own code (admission.HasRoom, admission.Queue): a request
+	// no replica has room for waits in the model's queue. It acts only
+	// when Enabled with a limit set (see admission.go in this package);
+	// otherwise a run is exactly as without it.
+	Admission admission.Config `json:"admission,omitzero"`
+	// Model names the simulated fleet's one model, for Admission.Models.
+	Model string `json:"model,omitempty"`
 	// TimelineBins is the resolution of the load-over-time series (100).
 	TimelineBins int `json:"-"`
 }
@@ -142,6 +151,7 @@ const (
 	evDecodeDone
 	evStore
 	evRemove
+	evExpire
 )
 
 type event struct {
@@ -192,6 +202,11 @@ type reqState struct {
 	followers       []int32
 	routed, started bool
 	finished        bool
+	// Admission (only when it is active): the fairness charge, whether
+	// the request waited in the queue, and why it was shed.
+	cost   int64
+	queued bool
+	shed   string
 }
 
 type engine struct {
@@ -243,6 +258,8 @@ type run struct {
 	trail   []change // outstanding requests per replica
 	kvTrail []change // decode-phase KV blocks per replica
 	scratch []kvroute.BlockKey
+	adm     *admitter // nil: admission is not active
+	err     error     // the first error of an event handler that returns none
 }
 
 func (r *run) push(e event) {
@@ -262,6 +279,9 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 	}
 	if err := sc.Validate(); err != nil {
 		return Report{}, err
+	}
+	if err := cfg.Admission.Validate(); err != nil {
+		return Report{}, fmt.Errorf("sim: %w", err)
 	}
 	if w.BlockTokens <= 0 {
 		return Report{}, errors.New("sim: workload block tokens must be > 0")
@@ -287,6 +307,7 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 		return Report{}, err
 	}
 	r.view = view
+	r.adm = newAdmitter(cfg)
 	for i := range r.eng {
 		r.eng[i].cache = newBlockCache()
 	}
@@ -335,20 +356,36 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 			r.apply(true, int(e.rep), e.keys)
 		case evRemove:
 			r.apply(false, int(e.rep), e.keys)
+		case evExpire:
+			r.expire()
+		}
+		if r.err != nil {
+			return Report{}, r.err
 		}
 	}
 	return r.report(), nil
 }
 
-// arrive routes a request through the router's view (one router.Decide,
-// which books the lease) and hands it to the engine.
+// arrive routes a request through the router's view, or, with admission
+// active, admits it or queues it (admit).
 func (r *run) arrive(i int32) error {
+	r.reqs[i].arrive = r.now
+	if r.adm != nil {
+		return r.admit(i)
+	}
+	return r.route(i, nil)
+}
+
+// route decides a request through the router's view (one router.Decide,
+// which books the lease) among the replicas eligible marks (nil: all) and
+// hands it to the engine.
+func (r *run) route(i int32, eligible []bool) error {
 	q := &r.w.Requests[i]
 	st := &r.reqs[i]
-	st.arrive = r.now
 	out, err := r.view.Decide(Ask{
 		Keys: q.Keys, PromptTokens: q.PromptTokens, BlockSize: r.bt,
 		MaxTokens: q.OutputTokens, SessionID: q.Session, Now: time.Time{}.Add(r.now),
+		Eligible: eligible,
 	})
 	if err != nil {
 		return fmt.Errorf("sim: request %d: %w", i, err)
@@ -472,6 +509,9 @@ func (r *run) prefillDone(i int32) {
 		r.push(event{at: r.now + seconds(tokens/r.cfg.DecodeTPS), kind: evDecodeDone, rep: int32(p), req: i})
 	}
 	r.tryStart(p)
+	if r.adm != nil {
+		r.dispatch()
+	}
 }
 
 func (r *run) decodeDone(i int32) {
@@ -505,10 +545,19 @@ func (r *run) decodeDone(i int32) {
 	e.decodeBlocks -= len(q.Keys) + st.outBlocks
 	r.kvTrail = append(r.kvTrail, change{r.now, int32(p), int32(e.decodeBlocks)})
 	r.view.Release(p, st.lease)
+	r.startFollowers(st)
+	r.tryStart(p)
+	if r.adm != nil {
+		r.adm.inFlight--
+		r.dispatch()
+	}
+}
+
+// startFollowers sends the next turns of a request that ended.
+func (r *run) startFollowers(st *reqState) {
 	for _, f := range st.followers {
 		r.push(event{at: r.now + r.w.Requests[f].Arrival, kind: evArrive, req: f})
 	}
-	r.tryStart(p)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }

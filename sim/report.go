@@ -67,6 +67,9 @@ type Report struct {
 	Stickiness float64 `json:"stickiness"`
 	// PerReplica holds each replica's totals, in replica order.
 	PerReplica []ReplicaStats `json:"per_replica"`
+	// Admission is what admission did (only when it is active: see
+	// Config.Admission).
+	Admission *AdmissionReport `json:"admission,omitempty"`
 	// Timeline is outstanding requests per replica (outer index) averaged
 	// over TimelineBins equal bins of the makespan. Not in JSON.
 	Timeline [][]float64 `json:"-"`
@@ -179,6 +182,9 @@ func (r *run) report() Report {
 		ttft = append(ttft, st.first-st.arrive)
 		e2e = append(e2e, st.done-st.arrive)
 		queue = append(queue, st.start-st.arrive)
+	}
+	if r.adm != nil {
+		rep.Admission = r.admissionReport()
 	}
 	if rep.Completed == 0 {
 		return rep

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -104,6 +105,9 @@ type Ask struct {
 	MaxTokens int
 	SessionID string
 	Now       time.Time
+	// Eligible, when not nil, marks the replicas the request may go to
+	// (admission's replicas with room); the others are not routable.
+	Eligible []bool
 }
 
 // Decide routes one request and books its lease on the pick, as the
@@ -122,7 +126,7 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 	}
 	for j := range v.cands {
 		v.cands[j] = router.Candidate{
-			ID: v.ids[j], Routable: true, Events: v.events[j],
+			ID: v.ids[j], Routable: a.Eligible == nil || a.Eligible[j], Events: v.events[j],
 			Overlap: kvroute.Overlap{GPU: v.gpu[j], Any: v.any[j], Approx: v.apx[j]},
 			Load:    v.load[j],
 		}
@@ -147,6 +151,13 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 		}
 	}
 	return out, nil
+}
+
+// BestMatch is the most leading keys any replica holds in the index (GPU
+// tier), as a decision would see them now.
+func (v *RouterView) BestMatch(keys []kvroute.BlockKey) int {
+	v.matched(v.index, nil, keys, v.gpu)
+	return slices.Max(v.gpu)
 }
 
 // FirstToken ends the prefill part of a booking on replica p.

@@ -34,6 +34,13 @@ type Request struct {
 	DecodeKeys []kvroute.BlockKey
 	// PromptTokens and OutputTokens size the work.
 	PromptTokens, OutputTokens int
+	// Priority is the request's admission band (lower first) and Tenant
+	// whom its cost is charged to; they matter only with admission.
+	Priority int
+	Tenant   string
+	// fromTrace* say the trace gave Priority or Tenant, which Tag then
+	// leaves alone.
+	fromTracePriority, fromTraceTenant bool
 }
 
 // Workload is a replayable set of requests.
@@ -65,6 +72,10 @@ type mooncakeLine struct {
 	InputLength  int      `json:"input_length"`
 	OutputLength int      `json:"output_length"`
 	HashIDs      []uint64 `json:"hash_ids"`
+	// Priority and Tenant are kvroute's extension of the format, for
+	// admission; Mooncake's own traces have neither.
+	Priority *int    `json:"priority"`
+	Tenant   *string `json:"tenant"`
 }
 
 // LoadMooncake reads a Mooncake-format JSONL trace, gzipped or not (the
@@ -119,13 +130,20 @@ func LoadMooncake(r io.Reader, opt MooncakeOptions) (Workload, error) {
 		if len(m.HashIDs) > 0 {
 			sess = strconv.FormatUint(m.HashIDs[0], 10)
 		}
-		w.Requests = append(w.Requests, Request{
+		req := Request{
 			Arrival:      time.Duration(m.Timestamp * opt.TimeScale * float64(time.Millisecond)),
 			Session:      sess,
 			Keys:         keys,
 			PromptTokens: m.InputLength,
 			OutputTokens: m.OutputLength,
-		})
+		}
+		if m.Priority != nil {
+			req.Priority, req.fromTracePriority = *m.Priority, true
+		}
+		if m.Tenant != nil {
+			req.Tenant, req.fromTraceTenant = *m.Tenant, true
+		}
+		w.Requests = append(w.Requests, req)
 		if opt.Limit > 0 && len(w.Requests) >= opt.Limit {
 			break
 		}

@@ -53,15 +53,31 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		sweep     = fs.Bool("sweep", false, "sweep kv weights and report the best by --objective")
 		objective = fs.String("objective", "ttft_p99", "sweep objective: ttft_p99, ttft_p50, e2e_p99, makespan")
 		top       = fs.Int("top", 10, "sweep rows to print")
+		prioShare = fs.String("priority-share", "", "tag a seeded fraction `F[:P]` of the requests with priority P (default -1, the rest 0); a trace's own priority fields win")
+		tenants   = fs.String("tenants", "", "share the requests between tenants in proportion to their weights, `NAME=W,NAME=W`; a trace's own tenant fields win")
+		model     = fs.String("model", "", "the simulated fleet's model `name`, whose --model-limits apply")
 	)
+	adm := addAdmissionFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	admCfg, err := adm.config()
+	if err != nil {
+		return err
+	}
+	tag := sim.Tagging{Seed: *seed}
+	if *prioShare != "" {
+		if tag.PriorityShare, tag.Priority, err = sim.ParsePriorityShare(*prioShare); err != nil {
+			return fmt.Errorf("--priority-share: %w", err)
+		}
+	}
+	if tag.Tenants, err = sim.ParseTenants(*tenants); err != nil {
+		return fmt.Errorf("--tenants: %w", err)
 	}
 	if (*trace == "") == (*workload == "") {
 		return errors.New("sim: give exactly one of --trace or --workload")
 	}
 	var w sim.Workload
-	var err error
 	if *trace != "" {
 		f, err := os.Open(*trace)
 		if err != nil {
@@ -84,9 +100,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("sim: unknown workload %q (want herding, stale or agentic)", *workload)
 		}
 	}
+	if err := w.Tag(tag); err != nil {
+		return err
+	}
 	cfg := sim.Config{
 		Replicas: *replicas, CapacityBlocks: *capacity, PrefillTPS: *prefill, DecodeTPS: *decode, DecodeSlowdown: *slowdown,
 		MaxBatch: *batch, EventDelay: *delay, EventLoss: *loss, DropRemovals: *dropRm, DecodeBooking: *booking, Seed: *seed,
+		Admission: admCfg, Model: *model,
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -134,6 +154,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := sim.WriteTable(stdout, reports); err != nil {
 		return err
 	}
+	if err := writeAdmission(stdout, reports); err != nil {
+		return err
+	}
 	if out.Sweep != nil {
 		fmt.Fprintln(stdout)
 		if err := sim.WriteSweep(stdout, *out.Sweep, *top); err != nil {
@@ -142,6 +165,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if *svgPath != "" {
 		fmt.Fprintf(stdout, "chart: %s\n", *svgPath)
+	}
+	return nil
+}
+
+// writeAdmission prints the admission table after the policy table, when
+// admission acted in the run.
+func writeAdmission(w io.Writer, reports []sim.Report) error {
+	for _, r := range reports {
+		if r.Admission != nil {
+			fmt.Fprintln(w)
+			return sim.WriteAdmission(w, reports)
+		}
 	}
 	return nil
 }

@@ -77,11 +77,42 @@ func TestSim(t *testing.T) {
 			t.Errorf("chart not written: %v", err)
 		}
 	})
+	t.Run("admission flags reach the sim", func(t *testing.T) {
+		base := []string{"--trace", "../../sim/testdata/mooncake_head300.jsonl", "--replicas", "2", "--policies", "kv", "--time-scale", "0.2"}
+		off := simJSON(t, base...)
+		if off.Reports[0].Admission != nil {
+			t.Error("admission report without a limit")
+		}
+		noLimit := simJSON(t, append(base, "--priority-share", "0.2", "--tenants", "a=1,b=1")...)
+		if got, want := noLimit.Reports[0].TTFT, off.Reports[0].TTFT; got != want {
+			t.Errorf("no limit: TTFT %+v, want %+v as without tags", got, want)
+		}
+		on := simJSON(t, append(base, "--max-requests", "4", "--priority-share", "0.2", "--tenants", "a=1,b=1")...)
+		a := on.Reports[0].Admission
+		if a == nil || a.Queued == 0 || len(a.Bands) != 2 || len(a.Tenants) != 2 {
+			t.Fatalf("admission report %+v, want queuing, 2 bands, 2 tenants", a)
+		}
+		if !on.Config.Admission.Enabled || on.Config.Admission.Limits.MaxRequests != 4 {
+			t.Errorf("config admission %+v, want enabled with max requests 4", on.Config.Admission)
+		}
+		var stdout, stderr strings.Builder
+		if err := runSim(context.Background(), append(base, "--max-requests", "4", "--svg", ""), &stdout, &stderr); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"band 0", "served cost", "admitted"} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("text lacks %q:\n%s", want, stdout.String())
+			}
+		}
+	})
 	for _, tt := range []struct {
 		name string
 		args []string
 		want string
 	}{
+		{"bad priority share", []string{"--workload", "herding", "--priority-share", "2"}, "--priority-share"},
+		{"bad tenants", []string{"--workload", "herding", "--tenants", "a"}, "--tenants"},
+		{"bad admission flag", []string{"--workload", "herding", "--max-requests", "-1"}, "--max-requests"},
 		{"no workload", nil, "exactly one of"},
 		{"both workloads", []string{"--workload", "herding", "--trace", "x.jsonl"}, "exactly one of"},
 		{"unknown workload", []string{"--workload", "nope"}, "unknown workload"},
