@@ -140,6 +140,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
 	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
 	lc.access = addAccessFlags(fs, &rc)
+	adm := addAdmissionFlags(fs)
+	fs.StringVar(&cfg.Pod, "pod-name", "", "`name` this pod is told of its queued requests' admission by; must be unique among the pods sharing a Redis (default: a random id)")
 	fs.Usage = flagUsage(fs, stderr, "serve", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -187,6 +189,9 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 		cfg.Tokenizers.Dirs = dirs
 	}
 	cfg.Tokenizers.NoRemote, cfg.Tokenizers.NoTokenForwarding = !tokRemote, !tokForward
+	if rc.Admission, err = adm.config(); err != nil {
+		return cfg, lc, usageError{err}
+	}
 	rc.Scoring = sc
 	cfg.Router = rc
 	return cfg, lc, nil
