@@ -3,10 +3,14 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/admission"
 	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 )
@@ -247,6 +251,69 @@ func TestAdmissionOrder(t *testing.T) {
 				t.Fatalf("booking of %s = %v, %v", w, ok, err)
 			}
 			prev = w
+		}
+	})
+}
+
+// TestQueueMatchesReference holds the store's Lua queue to
+// admission.Queue, the reference: random pushes (three bands, four
+// tenants, random costs), removals and dispatches must give the same
+// positions and admit the same requests in the same order.
+func TestQueueMatchesReference(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		exp := e.clk.Now().Add(time.Hour)
+		setCap(t, e, oneEach("a"))
+		ref := admission.NewQueue(admission.Config{QueueLimit: -1, BandLimit: -1, TenantLimit: -1})
+		rng := rand.New(rand.NewPCG(20, 20))
+		if ok, _, err := e.s.Reserve(ctx, admitLease("holder0", "a", exp), -1); !ok || err != nil {
+			t.Fatalf("booking = %v, %v", ok, err)
+		}
+		holder := rid("holder0")
+		var queued []string
+		tenants := []string{"", "alpha", "beta", "gamma"}
+		for step := range 600 {
+			switch op := rng.IntN(10); {
+			case op < 5 || len(queued) == 0:
+				tk := ticket(e, fmt.Sprintf("t%d", step), tenants[rng.IntN(len(tenants))], rng.IntN(3)-1, int64(1+rng.IntN(100)))
+				tk.Deadline = e.clk.Now().Add(time.Hour)
+				want := ref.Push(tk)
+				got := enqueue(t, e, tk)
+				if got.Status != want.Status || got.Position != want.Position {
+					t.Fatalf("step %d: push %+v = %+v, reference %+v", step, tk, got, want)
+				}
+				queued = append(queued, tk.RequestID)
+			case op < 6:
+				i := rng.IntN(len(queued))
+				id := queued[i]
+				queued = append(queued[:i], queued[i+1:]...)
+				ref.Remove(id)
+				if n, err := e.s.Dequeue(ctx, id); n != 1 || err != nil {
+					t.Fatalf("step %d: dequeue %s = %d, %v; want 1", step, id, n, err)
+				}
+			default:
+				want, ok := ref.Pop(e.clk.Now())
+				if !ok {
+					t.Fatalf("step %d: the reference is empty with %d queued", step, len(queued))
+				}
+				if ok, _ := e.s.Release(ctx, holder); !ok {
+					t.Fatalf("step %d: release of the holder = false", step)
+				}
+				_, st, err := e.s.Kick(ctx, mdl, time.Hour, []string{want.RequestID})
+				if err != nil || st[0].Replica != "a" {
+					t.Fatalf("step %d: the store did not admit %s, the reference's next (%+v, %v)", step, want.RequestID, st, err)
+				}
+				l := admitLease("", "a", exp)
+				l.RequestID = want.RequestID
+				if ok, _, err := e.s.Reserve(ctx, l, -1); !ok || err != nil {
+					t.Fatalf("step %d: booking of the seat = %v, %v", step, ok, err)
+				}
+				holder = want.RequestID
+				queued = slices.DeleteFunc(queued, func(id string) bool { return id == want.RequestID })
+			}
+		}
+		if d, _ := e.s.QueueDepth(ctx, mdl); int(d) != ref.Len() {
+			t.Errorf("depth = %d, reference %d", d, ref.Len())
 		}
 	})
 }
