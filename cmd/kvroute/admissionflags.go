@@ -122,17 +122,23 @@ func (m modelLimits) String() string {
 }
 
 // Set parses MODEL:key=value,...; the model is everything before the last
-// colon, so that names such as org/model:tag keep theirs.
+// colon, so that names such as org/model:tag keep theirs. MODEL: with no
+// keys declares the model with no overrides: its requests wait out the
+// cold start when it has no replica up.
 func (m modelLimits) Set(v string) error {
 	i := strings.LastIndex(v, ":")
-	if i <= 0 || i == len(v)-1 {
-		return errors.New("want MODEL:key=value,... (keys max_requests, max_prefill_tokens, max_waiting, max_kv_usage, max_in_flight)")
+	if i <= 0 {
+		return errors.New("want MODEL:key=value,... (keys max_requests, max_prefill_tokens, max_waiting, max_kv_usage, max_in_flight), or MODEL: to declare a model")
 	}
 	model := v[:i]
 	if _, dup := m[model]; dup {
 		return fmt.Errorf("model %q given twice", model)
 	}
 	var o admission.Model
+	if i == len(v)-1 {
+		m[model] = o
+		return nil
+	}
 	for _, kv := range strings.Split(v[i+1:], ",") {
 		k, val, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {

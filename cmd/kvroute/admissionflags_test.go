@@ -44,6 +44,8 @@ func TestAdmissionFlags(t *testing.T) {
 					"small":    {Limits: kvroute.Limits{MaxPrefillTokens: 100, MaxWaiting: 1}},
 				}
 			})},
+		{name: "model declared for the cold start", args: []string{"--model-limits", "cold:"},
+			want: with(func(c *admission.Config) { c.Models = map[string]admission.Model{"cold": {}} })},
 		{name: "negative requests", args: []string{"--max-requests", "-1"}, wantErr: "--max-requests"},
 		{name: "kv usage above one", args: []string{"--max-kv-usage", "1.5"}, wantErr: "--max-kv-usage"},
 		{name: "negative in flight", args: []string{"--max-in-flight", "-2"}, wantErr: "--max-in-flight"},
