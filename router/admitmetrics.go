@@ -62,7 +62,7 @@ func newAdmitMetrics(mp metric.MeterProvider, waiters func() map[[3]string]int64
 		metric.WithDescription("Requests admitted under admission, by model, priority and whether they queued first."))
 	add(err)
 	m.shedCount, err = mt.Int64Counter("kvroute_shed_total",
-		metric.WithDescription("Requests admission refused, by model, priority and reason (queue_full, band_full, tenant_full, ttl, no_wait, no_replica, pod_limit)."))
+		metric.WithDescription("Requests admission refused, by model, priority and reason (queue_full, band_full, tenant_full, ttl, no_wait, no_replica, pod_limit; client_gone: the client left while it waited)."))
 	add(err)
 	m.queuedN, err = mt.Int64Counter("kvroute_queued_total",
 		metric.WithDescription("Requests that found no replica with room and queued, by model and priority."))

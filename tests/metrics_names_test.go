@@ -36,7 +36,9 @@ var updateMetrics = flag.Bool("update-metrics", false, "rewrite testdata/metrics
 // as it was (name, type, help and label names).
 var addedSeries = map[string]bool{
 	"kvroute_decision_stage_duration_seconds": true,
-	"kvroute_redis_errors_total":              false,
+	// Admission's: every decision admitted at once is counted.
+	"kvroute_admitted_total":     true,
+	"kvroute_redis_errors_total": false,
 }
 
 // lateSeries are families that exist only once their first event has
@@ -44,6 +46,14 @@ var addedSeries = map[string]bool{
 // embedded ingestor's first health probe may come after the scrape. When
 // served, each must read as given.
 var lateSeries = map[string]string{
+	// Admission's, served once a request queues or is shed
+	// (tests/admission_test.go drives them).
+	"kvroute_queue_depth":                `kvroute_queue_depth gauge [model] "Requests queued for a model fleet-wide, as this pod's last beat read it from the store (the same figure as LLEN kvr:{m:<model>}:depth)."`,
+	"kvroute_queue_waiting":              `kvroute_queue_waiting gauge [model,priority,tenant] "Queued requests this pod holds, by model, priority and tenant."`,
+	"kvroute_queue_wait_seconds":         `kvroute_queue_wait_seconds histogram [model,outcome,priority,tenant] "Time requests waited in the admission queue, by model, priority, tenant and outcome (admitted, shed, gone)."`,
+	"kvroute_queue_dispatch_seconds":     `kvroute_queue_dispatch_seconds histogram [model] "Time from capacity freed (the queue's grant) to the queued request's pod told, by model."`,
+	"kvroute_queued_total":               `kvroute_queued_total counter [model,priority] "Requests that found no replica with room and queued, by model and priority."`,
+	"kvroute_shed_total":                 `kvroute_shed_total counter [model,priority,reason] "Requests admission refused, by model, priority and reason (queue_full, band_full, tenant_full, ttl, no_wait, no_replica, pod_limit; client_gone: the client left while it waited)."`,
 	"kvroute_ingest_health_probes_total": `kvroute_ingest_health_probes_total counter [result] "Health probes by result (healthy, unhealthy)."`,
 	// Served once a data-parallel replica is found ignoring its pins
 	// (TestDataParallelPinIgnored scrapes it).
@@ -198,6 +208,7 @@ func metricsAfterTraffic(t *testing.T) string {
 	defer cancel()
 	rc := router.DefaultConfig()
 	rc.Seed, rc.RegistryTTL = seed, 50*time.Millisecond
+	rc.Admission.Enabled = true // as `kvroute serve` runs by default
 	// Discovery's series: a source whose one endpoint never answers its
 	// /v1/models (a failed lookup, counted; nothing registered).
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
