@@ -48,14 +48,14 @@ func checkScaledObjects(t *testing.T, o *objects, _ envSets, _ map[int32]bool) {
 		}
 		n := 0
 		for i, tr := range so.Spec.Triggers {
-			if tr.Type != "redis" {
+			if tr.Type != "redis" && tr.Type != "redis-cluster" {
 				continue
 			}
 			n++
 			checkRedisTrigger(t, o, by+" trigger "+strconv.Itoa(i), so.Namespace, tr)
 		}
 		if n == 0 {
-			t.Errorf("%s: no redis trigger on kvroute's queue depth", by)
+			t.Errorf("%s: no redis (or redis-cluster) trigger on kvroute's queue depth", by)
 		}
 	}
 }
@@ -87,12 +87,18 @@ func checkRedisTrigger(t *testing.T, o *objects, where, namespace string, tr sca
 		t.Errorf("%s: enableTLS %q, want \"true\" or \"false\"", where, v)
 	}
 	checkTriggerAuth(t, o, where, tr)
-	host, port, err := net.SplitHostPort(md["address"])
-	if err != nil {
-		t.Errorf("%s: address %q is no host:port", where, md["address"])
-		return
+	addrs := []string{md["address"]}
+	if tr.Type == "redis-cluster" {
+		addrs = strings.Split(md["addresses"], ",")
 	}
-	checkKEDAReaches(t, o, where, namespace, host, port)
+	for _, a := range addrs {
+		host, port, err := net.SplitHostPort(strings.TrimSpace(a))
+		if err != nil {
+			t.Errorf("%s: address %q is no host:port", where, a)
+			continue
+		}
+		checkKEDAReaches(t, o, where, namespace, host, port)
+	}
 }
 
 // checkServeHolds checks that kvroute serve declares model, so that a
