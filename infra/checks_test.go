@@ -46,6 +46,7 @@ var checks = []check{
 	{"containers have requests and limits", checkResources},
 	{"disruption budgets select workloads", checkPDBs},
 	{"autoscalers target what exists, one each", checkAutoscalers},
+	{"KEDA scales from zero on kvroute's queue", checkScaledObjects},
 	{"network policies admit what runs", checkNetworkPolicies},
 	{"block-key seed is one value", checkSeed},
 	{"ingestors share leases", checkIngest},
@@ -520,6 +521,7 @@ func checkAutoscalers(t *testing.T, o *objects, _ envSets, _ map[int32]bool) {
 		}
 		claim(ref.Name, "HorizontalPodAutoscaler "+h.Name)
 	}
+	claimScaled(o, claim)
 	for _, h := range o.HTTPScaled {
 		ref := h.Spec.ScaleTargetRef
 		by := "HTTPScaledObject " + h.Name
@@ -544,6 +546,14 @@ func checkAutoscalers(t *testing.T, o *objects, _ envSets, _ map[int32]bool) {
 		if h.Spec.Replicas.Max == nil || *h.Spec.Replicas.Max < 1 {
 			t.Errorf("%s: replicas.max %v, want at least 1", by, h.Spec.Replicas.Max)
 		}
+	}
+}
+
+// claimScaled adds the ScaledObjects to checkAutoscalers' claims: KEDA
+// makes an HPA of its own for each, which would fight any other.
+func claimScaled(o *objects, claim func(deploy, by string)) {
+	for _, so := range o.Scaled {
+		claim(so.Spec.ScaleTargetRef.Name, "ScaledObject "+so.Name)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/kustomize/kyaml/resid"
 	"sigs.k8s.io/yaml"
 )
 
@@ -150,6 +151,10 @@ func TestKustomizationFiles(t *testing.T) {
 					t.Errorf("component %s: kind %q, want %q", c, got, want)
 				}
 			}
+			for _, c := range k.Configurations {
+				used[c] = true
+				checkConfiguration(t, filepath.Join(dir, c))
+			}
 			for _, p := range k.Patches {
 				if p.Path == "" {
 					continue
@@ -165,10 +170,52 @@ func TestKustomizationFiles(t *testing.T) {
 				case strings.HasSuffix(name, ".example.yaml"):
 					decodeFile(name, false)
 				default:
-					t.Errorf("%s is in no resources or patches list of %s/kustomization.yaml", name, dir)
+					t.Errorf("%s is in no resources, patches or configurations list of %s/kustomization.yaml", name, dir)
 				}
 			}
 		})
+	}
+}
+
+// transformerConfig is the part of kustomize's transformer configuration
+// (a kustomization's configurations: files) the manifests use: which
+// fields of a kind name an object of another, so that a name prefix or a
+// generated name's hash suffix is carried into them. Kustomize's own type
+// is internal to it.
+type transformerConfig struct {
+	NameReference []struct {
+		resid.Gvk  `json:",inline"`
+		FieldSpecs []types.FieldSpec `json:"fieldSpecs"`
+	} `json:"nameReference"`
+}
+
+// checkConfiguration decodes a configurations: file strictly and checks
+// that it teaches kustomize about kinds these manifests use: a typo in a
+// kind would make kustomize skip the field without a word.
+func checkConfiguration(tb testing.TB, file string) {
+	tb.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		tb.Error(err)
+		return
+	}
+	var c transformerConfig
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		tb.Errorf("%s: %v", file, err)
+		return
+	}
+	if len(c.NameReference) == 0 {
+		tb.Errorf("%s: no nameReference entries", file)
+	}
+	for _, nr := range c.NameReference {
+		if !knownKinds[nr.Kind] {
+			tb.Errorf("%s: nameReference kind %q is no kind these manifests use", file, nr.Kind)
+		}
+		for _, fs := range nr.FieldSpecs {
+			if !knownKinds[fs.Kind] || fs.Path == "" {
+				tb.Errorf("%s: %s's fieldSpec kind %q path %q: want a kind these manifests use and a path", file, nr.Kind, fs.Kind, fs.Path)
+			}
+		}
 	}
 }
 
@@ -216,6 +263,18 @@ func TestOverlays(t *testing.T) {
 		}
 		if got := len(dev.Secrets); got != 1 {
 			t.Errorf("dev: %d Secrets, want 1 (generated)", got)
+		}
+		for name, o := range map[string]*objects{"dev": dev, "production": prod} {
+			if got := len(o.Scaled); got != 0 {
+				t.Errorf("%s: %d ScaledObjects, want 0 (scale from zero is its own overlay)", name, got)
+			}
+		}
+		zero := render(t, filepath.Join("k8s", "overlays", "dev-scale-from-zero"))
+		if got, want := len(zero.Scaled), 1; got != want {
+			t.Errorf("dev-scale-from-zero: %d ScaledObjects, want %d (the simulated replicas)", got, want)
+		}
+		if got, want := len(zero.TriggerAuths), 1; got != want {
+			t.Errorf("dev-scale-from-zero: %d TriggerAuthentications, want %d", got, want)
 		}
 	})
 	t.Run("production-cluster reaches Redis as a cluster", func(t *testing.T) {

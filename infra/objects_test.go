@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"regexp"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -51,6 +52,63 @@ type httpScaledObject struct {
 	} `json:"spec"`
 }
 
+// scaledObject mirrors the fields of KEDA's keda.sh/v1alpha1 ScaledObject
+// (KEDA 2.12+) that the manifests use, strictly like httpScaledObject. A
+// trigger's metadata is KEDA's own string map: each scaler reads its keys,
+// which checkScaledObjects checks for the redis scaler.
+type scaledObject struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		ScaleTargetRef struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Name       string `json:"name"`
+		} `json:"scaleTargetRef"`
+		PollingInterval *int32 `json:"pollingInterval,omitempty"`
+		CooldownPeriod  *int32 `json:"cooldownPeriod,omitempty"`
+		MinReplicaCount *int32 `json:"minReplicaCount,omitempty"`
+		MaxReplicaCount *int32 `json:"maxReplicaCount,omitempty"`
+		Advanced        *struct {
+			HorizontalPodAutoscalerConfig *struct {
+				Name     string                                         `json:"name,omitempty"`
+				Behavior *autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior,omitempty"`
+			} `json:"horizontalPodAutoscalerConfig,omitempty"`
+		} `json:"advanced,omitempty"`
+		Triggers []scaleTrigger `json:"triggers"`
+	} `json:"spec"`
+}
+
+// scaleTrigger is one of a ScaledObject's triggers.
+type scaleTrigger struct {
+	Type              string            `json:"type"`
+	Name              string            `json:"name,omitempty"`
+	MetricType        string            `json:"metricType,omitempty"`
+	Metadata          map[string]string `json:"metadata"`
+	AuthenticationRef *struct {
+		Name string `json:"name"`
+		Kind string `json:"kind,omitempty"`
+	} `json:"authenticationRef,omitempty"`
+}
+
+// triggerAuthentication mirrors KEDA's keda.sh/v1alpha1
+// TriggerAuthentication as far as the manifests use it: parameters from
+// Secret keys.
+type triggerAuthentication struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SecretTargetRef []secretTargetRef `json:"secretTargetRef"`
+	} `json:"spec"`
+}
+
+// secretTargetRef is a scaler parameter from a Secret's key.
+type secretTargetRef struct {
+	Parameter string `json:"parameter"`
+	Name      string `json:"name"`
+	Key       string `json:"key"`
+}
+
 // objects is one set of manifests: a file, or an overlay as kustomize
 // renders it.
 type objects struct {
@@ -65,6 +123,8 @@ type objects struct {
 	PDBs            []policyv1.PodDisruptionBudget
 	NetworkPolicies []networkingv1.NetworkPolicy
 	HTTPScaled      []httpScaledObject
+	Scaled          []scaledObject
+	TriggerAuths    []triggerAuthentication
 	Roles           []rbacv1.Role
 	RoleBindings    []rbacv1.RoleBinding
 }
@@ -86,43 +146,46 @@ func (o *objects) add(data []byte) error {
 	return nil
 }
 
+// decoders decode one document of each kind the manifests use ("apiVersion
+// kind") into its list in objects.
+var decoders = map[string]func(o *objects, strict func(any) error) error{
+	"v1 Namespace":                             func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Namespaces) },
+	"v1 ServiceAccount":                        func(o *objects, s func(any) error) error { return decodeAppend(s, &o.ServiceAccounts) },
+	"v1 ConfigMap":                             func(o *objects, s func(any) error) error { return decodeAppend(s, &o.ConfigMaps) },
+	"v1 Secret":                                func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Secrets) },
+	"v1 Service":                               func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Services) },
+	"apps/v1 Deployment":                       func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Deployments) },
+	"apps/v1 StatefulSet":                      func(o *objects, s func(any) error) error { return decodeAppend(s, &o.StatefulSets) },
+	"autoscaling/v2 HorizontalPodAutoscaler":   func(o *objects, s func(any) error) error { return decodeAppend(s, &o.HPAs) },
+	"policy/v1 PodDisruptionBudget":            func(o *objects, s func(any) error) error { return decodeAppend(s, &o.PDBs) },
+	"networking.k8s.io/v1 NetworkPolicy":       func(o *objects, s func(any) error) error { return decodeAppend(s, &o.NetworkPolicies) },
+	"rbac.authorization.k8s.io/v1 Role":        func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Roles) },
+	"rbac.authorization.k8s.io/v1 RoleBinding": func(o *objects, s func(any) error) error { return decodeAppend(s, &o.RoleBindings) },
+	"http.keda.sh/v1alpha1 HTTPScaledObject":   func(o *objects, s func(any) error) error { return decodeAppend(s, &o.HTTPScaled) },
+	"keda.sh/v1alpha1 ScaledObject":            func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Scaled) },
+	"keda.sh/v1alpha1 TriggerAuthentication":   func(o *objects, s func(any) error) error { return decodeAppend(s, &o.TriggerAuths) },
+}
+
+// knownKinds are the kinds in decoders, by kind alone (as kustomize's
+// transformer configurations name them).
+var knownKinds = func() map[string]bool {
+	m := map[string]bool{}
+	for k := range decoders {
+		m[k[strings.LastIndex(k, " ")+1:]] = true
+	}
+	return m
+}()
+
 func (o *objects) addOne(doc []byte) error {
 	var tm metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &tm); err != nil {
 		return err
 	}
-	strict := func(v any) error { return yaml.UnmarshalStrict(doc, v) }
-	var err error
-	switch tm.APIVersion + " " + tm.Kind {
-	case "v1 Namespace":
-		err = decodeAppend(strict, &o.Namespaces)
-	case "v1 ServiceAccount":
-		err = decodeAppend(strict, &o.ServiceAccounts)
-	case "v1 ConfigMap":
-		err = decodeAppend(strict, &o.ConfigMaps)
-	case "v1 Secret":
-		err = decodeAppend(strict, &o.Secrets)
-	case "v1 Service":
-		err = decodeAppend(strict, &o.Services)
-	case "apps/v1 Deployment":
-		err = decodeAppend(strict, &o.Deployments)
-	case "apps/v1 StatefulSet":
-		err = decodeAppend(strict, &o.StatefulSets)
-	case "autoscaling/v2 HorizontalPodAutoscaler":
-		err = decodeAppend(strict, &o.HPAs)
-	case "policy/v1 PodDisruptionBudget":
-		err = decodeAppend(strict, &o.PDBs)
-	case "networking.k8s.io/v1 NetworkPolicy":
-		err = decodeAppend(strict, &o.NetworkPolicies)
-	case "rbac.authorization.k8s.io/v1 Role":
-		err = decodeAppend(strict, &o.Roles)
-	case "rbac.authorization.k8s.io/v1 RoleBinding":
-		err = decodeAppend(strict, &o.RoleBindings)
-	case "http.keda.sh/v1alpha1 HTTPScaledObject":
-		err = decodeAppend(strict, &o.HTTPScaled)
-	default:
+	decode, ok := decoders[tm.APIVersion+" "+tm.Kind]
+	if !ok {
 		return fmt.Errorf("apiVersion %q kind %q: not a kind these manifests use (add it to objects)", tm.APIVersion, tm.Kind)
 	}
+	err := decode(o, func(v any) error { return yaml.UnmarshalStrict(doc, v) })
 	if err != nil {
 		return fmt.Errorf("%s: %w", tm.Kind, err)
 	}
@@ -195,6 +258,15 @@ func (o *objects) deployment(name string) *appsv1.Deployment {
 	for i := range o.Deployments {
 		if o.Deployments[i].Name == name {
 			return &o.Deployments[i]
+		}
+	}
+	return nil
+}
+
+func (o *objects) triggerAuth(name string) *triggerAuthentication {
+	for i := range o.TriggerAuths {
+		if o.TriggerAuths[i].Name == name {
+			return &o.TriggerAuths[i]
 		}
 	}
 	return nil
