@@ -20,20 +20,18 @@ import (
 // startAdmitPod is a serving pod with admission on under cfg.
 func startAdmitPod(t *testing.T, redisURL, name string, cfg admission.Config) *pod {
 	t.Helper()
-	rc := router.DefaultConfig()
-	rc.RegistryTTL = 50 * time.Millisecond
-	rc.Seed = seed
-	rc.Admission = cfg
-	a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", RedisURL: redisURL, Router: rc, Pod: name,
-		Tokenizers: app.Tokenizers{NoRemote: true}})
+	return startPodWith(t, redisURL, func(c *app.Config) { c.Router.Admission, c.Pod = cfg, name })
+}
+
+// openTestStore is a store client of the test's own on redisURL.
+func openTestStore(t *testing.T, redisURL string) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), redisURL, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Stop() })
-	return &pod{a: a, base: "http://" + a.Addr()}
+	t.Cleanup(func() { st.Close() })
+	return st
 }
 
 func putReplicas(t *testing.T, st *store.Store, model string, n int) {
@@ -55,11 +53,7 @@ func TestAdmissionAcrossPods(t *testing.T) {
 	rp := startRedisProc(t)
 	cfg := admission.Config{Enabled: true, Limits: kvroute.Limits{MaxRequests: 1}}
 	a, b := startAdmitPod(t, rp.url(), "pod-a", cfg), startAdmitPod(t, rp.url(), "pod-b", cfg)
-	st, err := store.Open(context.Background(), rp.url(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openTestStore(t, rp.url())
 	const model = "adm"
 	putReplicas(t, st, model, 2)
 	ctx := context.Background()
@@ -160,11 +154,7 @@ func TestAdmissionFleetLimit(t *testing.T) {
 	rp := startRedisProc(t)
 	cfg := admission.Config{Enabled: true, MaxInFlight: 3}
 	pods := []*pod{startAdmitPod(t, rp.url(), "pod-a", cfg), startAdmitPod(t, rp.url(), "pod-b", cfg)}
-	st, err := store.Open(context.Background(), rp.url(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openTestStore(t, rp.url())
 	const model = "fleet"
 	putReplicas(t, st, model, 4)
 	ids := []string{model + "-r0", model + "-r1", model + "-r2", model + "-r3"}
@@ -217,11 +207,7 @@ func TestAdmissionColdStart(t *testing.T) {
 	const model = "cold"
 	cfg := admission.Config{Enabled: true, Models: map[string]admission.Model{model: {}}}
 	p := startAdmitPod(t, rp.url(), "pod-a", cfg)
-	st, err := store.Open(context.Background(), rp.url(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openTestStore(t, rp.url())
 	ctx := context.Background()
 	const n = 20
 	done := make(chan error, n)
@@ -255,11 +241,7 @@ func TestAdmissionStoreDown(t *testing.T) {
 	rp := startRedisProc(t)
 	cfg := admission.Config{Enabled: true, Limits: kvroute.Limits{MaxRequests: 1}}
 	p := startAdmitPod(t, rp.url(), "pod-a", cfg)
-	st, err := store.Open(context.Background(), rp.url(), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openTestStore(t, rp.url())
 	const model = "down"
 	putReplicas(t, st, model, 2)
 	ctx := context.Background()

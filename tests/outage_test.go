@@ -26,10 +26,18 @@ type pod struct {
 
 func startPod(t *testing.T, redisURL string) *pod {
 	t.Helper()
-	cfg := router.DefaultConfig()
-	cfg.RegistryTTL = 50 * time.Millisecond
-	cfg.Seed = seed // the harness's ingestors key with it
-	a, err := app.New(context.Background(), app.Config{Listen: "127.0.0.1:0", RedisURL: redisURL, Router: cfg, Tokenizers: app.Tokenizers{NoRemote: true}})
+	return startPodWith(t, redisURL, func(*app.Config) {})
+}
+
+// startPodWith is startPod with its configuration edited by edit.
+func startPodWith(t *testing.T, redisURL string, edit func(*app.Config)) *pod {
+	t.Helper()
+	rc := router.DefaultConfig()
+	rc.RegistryTTL = 50 * time.Millisecond
+	rc.Seed = seed // the harness's ingestors key with it
+	cfg := app.Config{Listen: "127.0.0.1:0", RedisURL: redisURL, Router: rc, Tokenizers: app.Tokenizers{NoRemote: true}}
+	edit(&cfg)
+	a, err := app.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
