@@ -438,19 +438,9 @@ func (r *Router) decideOnce(ctx context.Context, req Request, tm *Stages, id, se
 		return d, nil, err
 	}
 	in := r.input(d, req, cands.fleet, overlaps, loads)
-	seatAt := -1
-	if r.adm != nil {
-		var ask *queueAsk
-		if seatAt, ask = r.admitInput(ctx, req, &in, cands, loads, seat); ask != nil {
-			return Decision{}, ask, nil
-		}
-	}
-	out, err := r.book(ctx, req.Model, in, loads, cands, tm)
-	if errors.Is(err, kvroute.ErrNoRoom) {
-		if seatAt < 0 {
-			return Decision{}, &queueAsk{id: id, cost: Cost(r.cfg, in)}, nil
-		}
-		out, err = r.bookSeat(ctx, in, seatAt, tm)
+	out, ask, err := r.admitAndBook(ctx, req, in, loads, cands, seat, tm)
+	if ask != nil {
+		return Decision{}, ask, nil
 	}
 	if err != nil {
 		if errors.Is(err, kvroute.ErrUnavailable) {
@@ -467,6 +457,27 @@ func (r *Router) decideOnce(ctx context.Context, req Request, tm *Stages, id, se
 	}
 	r.booked(ctx, &d, req.Model, cands, keys, out)
 	return d, nil, nil
+}
+
+// admitAndBook books the decision on in, under admission only where there
+// is room: a request none has room for answers the queueAsk instead, and
+// one holding a seat takes it where the candidates with room filled.
+func (r *Router) admitAndBook(ctx context.Context, req Request, in Input, loads []kvroute.Load, cands candidates, seat string, tm *Stages) (Outcome, *queueAsk, error) {
+	seatAt := -1
+	if r.adm != nil {
+		var ask *queueAsk
+		if seatAt, ask = r.admitInput(ctx, req, &in, cands, loads, seat); ask != nil {
+			return Outcome{}, ask, nil
+		}
+	}
+	out, err := r.book(ctx, req.Model, in, loads, cands, tm)
+	if errors.Is(err, kvroute.ErrNoRoom) {
+		if seatAt < 0 {
+			return Outcome{}, &queueAsk{id: in.RequestID, cost: Cost(r.cfg, in)}, nil
+		}
+		out, err = r.bookSeat(ctx, in, seatAt, tm)
+	}
+	return out, nil, err
 }
 
 // vanished answers a request for a model the registry has no replica of.
