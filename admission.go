@@ -135,6 +135,9 @@ type Capacity struct {
 // QueueLimits bound one model's queue (0: none).
 type QueueLimits struct {
 	Queue, Band, Tenant int
+	// FairShare bounds each tenant of a band, in place of Tenant, by
+	// the band's limit divided among its backlogged tenants.
+	FairShare bool
 }
 
 // TicketState is where a pod's ticket stands (the store's Kick).

@@ -36,7 +36,8 @@ type Config struct {
 	StaleSaturated bool
 	// QueueLimit, BandLimit and TenantLimit bound the requests queued per
 	// model, per band of a model and per tenant of a band (0: the
-	// Default* values; negative: none).
+	// Default* values, for TenantLimit the fair share of a full band;
+	// negative: none).
 	QueueLimit, BandLimit, TenantLimit int
 	// TTL is how long a request may wait when it asks no shorter
 	// (0: DefaultTTL).
@@ -61,8 +62,13 @@ const (
 	// requests per band, with room for two bands' worth per model.
 	DefaultQueueLimit = 10000
 	DefaultBandLimit  = 5000
-	// DefaultTenantLimit bounds no tenant below its band: fairness, not
-	// a cap, keeps one tenant from starving the others.
+	// DefaultTenantLimit (0) is the fair share (ShareOf): no tenant holds
+	// more than the band's limit divided among the tenants backlogged in
+	// it and one more, so that a band never fills with the tenants
+	// already in it and a newcomer always finds room. Fair queuing orders
+	// what is queued; without this share a tenant that filled a band
+	// would take every place it frees, and the others would be shed as
+	// band_full at the door.
 	DefaultTenantLimit = 0
 	// DefaultTTL is llm-d's request TTL: past a minute a client has
 	// usually given up.
@@ -137,6 +143,21 @@ func (c Config) StaleAge() time.Duration {
 func (c Config) QueueMax() int  { return orDefault(c.QueueLimit, DefaultQueueLimit) }
 func (c Config) BandMax() int   { return orDefault(c.BandLimit, DefaultBandLimit) }
 func (c Config) TenantMax() int { return orDefault(c.TenantLimit, DefaultTenantLimit) }
+
+// FairShare reports whether tenants are bounded by their fair share of a
+// band (TenantLimit 0, the default) rather than by a fixed limit.
+func (c Config) FairShare() bool { return c.TenantLimit == 0 }
+
+// ShareOf is a tenant's fair share of a band whose limit is bandMax when
+// others other tenants are backlogged in it: bandMax over others + 2
+// (itself, and room for one more), rounded up; 0 is no limit.
+func ShareOf(bandMax, others int) int {
+	if bandMax <= 0 {
+		return 0
+	}
+	k := max(others, 0) + 2
+	return (bandMax + k - 1) / k
+}
 
 func orDefault(v, d int) int {
 	switch {

@@ -98,7 +98,7 @@ func (q *Queue) Push(t kvroute.Ticket) kvroute.Admission {
 		return kvroute.Admission{Status: kvroute.Shed, Reason: kvroute.ShedQueueFull, Position: pos}
 	case q.cfg.BandMax() > 0 && b != nil && b.n >= q.cfg.BandMax():
 		return kvroute.Admission{Status: kvroute.Shed, Reason: kvroute.ShedBandFull, Position: pos}
-	case q.cfg.TenantMax() > 0 && ten != nil && ten.n >= q.cfg.TenantMax():
+	case b != nil && q.tenantMax(b, ten) > 0 && ten != nil && ten.n >= q.tenantMax(b, ten):
 		return kvroute.Admission{Status: kvroute.Shed, Reason: kvroute.ShedTenantFull, Position: pos}
 	}
 	if b == nil {
@@ -124,6 +124,22 @@ func (q *Queue) Push(t kvroute.Ticket) kvroute.Admission {
 	q.byID[t.RequestID] = e
 	heap.Push(&q.dl, e)
 	return kvroute.Admission{Status: kvroute.Queued, Position: pos}
+}
+
+// tenantMax is how many tickets ten may hold in band b: the fixed limit,
+// or its fair share (ShareOf) of the band with the other tenants
+// backlogged in it.
+func (q *Queue) tenantMax(b *band, ten *tenant) int {
+	if !q.cfg.FairShare() {
+		return q.cfg.TenantMax()
+	}
+	others := 0
+	for _, t := range b.tenants {
+		if t.n > 0 && t != ten {
+			others++
+		}
+	}
+	return ShareOf(q.cfg.BandMax(), others)
 }
 
 // ahead counts the tickets queued in bands of priority at most prio.

@@ -240,12 +240,21 @@ func TestQueueLimits(t *testing.T) {
 			push(t, q, ticket(strconv.Itoa(i), 0, "a", 1))
 		}
 		shed(t, q, ticket("x", 0, "a", 1), kvroute.ShedQueueFull)
-		q = admission.NewQueue(admission.Config{QueueLimit: -1})
+		q = admission.NewQueue(admission.Config{QueueLimit: -1, TenantLimit: -1})
 		for i := range admission.DefaultBandLimit {
 			push(t, q, ticket(strconv.Itoa(i), 0, "a", 1))
 		}
 		shed(t, q, ticket("x", 0, "b", 1), kvroute.ShedBandFull)
 		push(t, q, ticket("y", 1, "b", 1))
+	})
+	t.Run("the fair share keeps room for a newcomer", func(t *testing.T) {
+		q := admission.NewQueue(admission.Config{QueueLimit: -1})
+		share := admission.ShareOf(admission.DefaultBandLimit, 0)
+		for i := range share {
+			push(t, q, ticket(strconv.Itoa(i), 0, "a", 1))
+		}
+		shed(t, q, ticket("x", 0, "a", 1), kvroute.ShedTenantFull)
+		push(t, q, ticket("y", 0, "b", 1))
 	})
 	t.Run("position", func(t *testing.T) {
 		q := admission.NewQueue(admission.Config{})

@@ -167,7 +167,7 @@ func (a *admitter) wait(ctx context.Context, r *Router, req Request, id string, 
 	}()
 	t := kvroute.Ticket{RequestID: id, Model: req.Model, Pod: a.pod, Priority: req.Priority, Tenant: req.Tenant, Cost: cost,
 		Deadline: a.now().Add(budget)}
-	lim := kvroute.QueueLimits{Queue: a.cfg.QueueMax(), Band: a.cfg.BandMax(), Tenant: a.cfg.TenantMax()}
+	lim := kvroute.QueueLimits{Queue: a.cfg.QueueMax(), Band: a.cfg.BandMax(), Tenant: a.cfg.TenantMax(), FairShare: a.cfg.FairShare()}
 	sctx, cancel := r.storeCtx(ctx)
 	ad, err := a.q.Enqueue(sctx, t, admitHold, lim)
 	cancel()

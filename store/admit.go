@@ -80,7 +80,7 @@ func (s *Store) Enqueue(ctx context.Context, t kvroute.Ticket, hold time.Duratio
 	v, err := s.evalBatched(ctx, t.Model, scriptEnqueue, leaseKeys(t.Model), t.RequestID, t.Pod,
 		strconv.Itoa(t.Priority), t.Tenant, strconv.FormatInt(max(t.Cost, 1), 10),
 		strconv.FormatInt(ms(t.Deadline), 10), strconv.FormatInt(hold.Milliseconds(), 10),
-		strconv.Itoa(lim.Queue), strconv.Itoa(lim.Band), strconv.Itoa(lim.Tenant), s.nowMs()).Slice()
+		strconv.Itoa(lim.Queue), strconv.Itoa(lim.Band), tenantArg(lim), s.nowMs()).Slice()
 	if err != nil {
 		return kvroute.Admission{}, wrap("enqueue", err)
 	}
@@ -95,6 +95,14 @@ func (s *Store) Enqueue(ctx context.Context, t kvroute.Ticket, hold time.Duratio
 		return kvroute.Admission{Status: kvroute.Shed, Reason: r}, nil
 	}
 	return kvroute.Admission{}, fmt.Errorf("store: enqueue: %w", ErrAlreadyQueued)
+}
+
+// tenantArg is enqueue.lua's tenant limit: "f" for the fair share.
+func tenantArg(l kvroute.QueueLimits) string {
+	if l.FairShare {
+		return "f"
+	}
+	return strconv.Itoa(l.Tenant)
 }
 
 // ErrAlreadyQueued is Enqueue's answer for a request id that is queued,

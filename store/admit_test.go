@@ -317,3 +317,44 @@ func TestQueueMatchesReference(t *testing.T) {
 		}
 	})
 }
+
+// TestTenantFairShare: with no fixed tenant limit a tenant holds at most
+// its fair share of a band, which keeps room for a newcomer, in the store
+// as in admission.Queue.
+func TestTenantFairShare(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		setCap(t, e, oneEach())
+		ref := admission.NewQueue(admission.Config{QueueLimit: -1, BandLimit: 4})
+		lim := kvroute.QueueLimits{Band: 4, FairShare: true}
+		push := func(id, tenant string) kvroute.Admission {
+			t.Helper()
+			tk := ticket(e, id, tenant, 0, 1)
+			got, err := e.s.Enqueue(ctx, tk, time.Minute, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := ref.Push(tk); got.Status != want.Status || got.Reason != want.Reason {
+				t.Fatalf("push %s = %+v, reference %+v", id, got, want)
+			}
+			return got
+		}
+		// Alone in the band, heavy may hold half of it: room stays
+		// for one more tenant.
+		for i, want := range []string{"", "", kvroute.ShedTenantFull} {
+			if a := push(fmt.Sprintf("a%d", i), "heavy"); a.Reason != want {
+				t.Fatalf("heavy's %d = %+v, want reason %q", i, a, want)
+			}
+		}
+		if a := push("b0", "light"); a.Status != kvroute.Queued {
+			t.Fatalf("light beside heavy = %+v, want queued", a)
+		}
+		// With light backlogged, each holds at most ceil(4/3) = 2.
+		if a := push("b1", "light"); a.Status != kvroute.Queued {
+			t.Fatalf("light's second = %+v, want queued", a)
+		}
+		if a := push("b2", "light"); a.Reason != kvroute.ShedBandFull {
+			t.Fatalf("light into the full band = %+v, want band_full", a)
+		}
+	})
+}

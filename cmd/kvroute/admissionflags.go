@@ -36,7 +36,7 @@ func addAdmissionFlags(fs *flag.FlagSet) *admissionFlags {
 	fs.Var(a.models, "model-limits", "one model's limits over the defaults, `MODEL:max_requests=N,max_prefill_tokens=N,max_waiting=N,max_kv_usage=F,max_in_flight=N` (any subset); repeatable")
 	fs.IntVar(&a.queueLimit, "queue-limit", admission.DefaultQueueLimit, "requests queued per model before more are shed (0: no limit)")
 	fs.IntVar(&a.bandLimit, "band-limit", admission.DefaultBandLimit, "requests queued per priority band of a model (0: no limit)")
-	fs.IntVar(&a.tenantLimit, "tenant-limit", admission.DefaultTenantLimit, "requests queued per tenant of a band (0: no limit; fair queuing already keeps one tenant from starving the rest)")
+	fs.IntVar(&a.tenantLimit, "tenant-limit", admission.DefaultTenantLimit, "requests queued per tenant of a band (0: its fair share of a full band, the band's limit over the tenants queued in it)")
 	fs.DurationVar(&a.ttl, "queue-ttl", admission.DefaultTTL, "longest a request waits in the queue when it asks no shorter")
 	fs.DurationVar(&a.coldStart, "cold-start", admission.DefaultColdStart, "how long a request for a model with no replica up waits for one before a 503 (0: none)")
 	fs.DurationVar(&a.staleAfter, "stale-after", admission.DefaultStaleAfter, "age past which a replica's scraped engine metrics (for --max-waiting, --max-kv-usage) are stale")
@@ -65,7 +65,7 @@ func (a *admissionFlags) config() (admission.Config, error) {
 	case a.bandLimit < 0:
 		return admission.Config{}, fmt.Errorf("--band-limit %d is negative (0 is no limit)", a.bandLimit)
 	case a.tenantLimit < 0:
-		return admission.Config{}, fmt.Errorf("--tenant-limit %d is negative (0 is no limit)", a.tenantLimit)
+		return admission.Config{}, fmt.Errorf("--tenant-limit %d is negative (0 is the fair share)", a.tenantLimit)
 	case a.ttl <= 0:
 		return admission.Config{}, fmt.Errorf("--queue-ttl %v must be positive", a.ttl)
 	case a.coldStart < 0:
@@ -75,7 +75,7 @@ func (a *admissionFlags) config() (admission.Config, error) {
 	}
 	c := admission.Config{
 		Enabled: a.enabled, Limits: a.limits, MaxInFlight: a.maxInFlight,
-		QueueLimit: noneIfZero(a.queueLimit), BandLimit: noneIfZero(a.bandLimit), TenantLimit: noneIfZero(a.tenantLimit),
+		QueueLimit: noneIfZero(a.queueLimit), BandLimit: noneIfZero(a.bandLimit), TenantLimit: a.tenantLimit,
 		TTL: a.ttl, ColdStart: a.coldStart, StaleAfter: a.staleAfter, StaleSaturated: a.staleSaturated,
 	}
 	if c.ColdStart == 0 {

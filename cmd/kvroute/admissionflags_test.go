@@ -12,7 +12,7 @@ import (
 
 func TestAdmissionFlags(t *testing.T) {
 	defaults := admission.Config{
-		Enabled: true, QueueLimit: admission.DefaultQueueLimit, BandLimit: admission.DefaultBandLimit, TenantLimit: -1,
+		Enabled: true, QueueLimit: admission.DefaultQueueLimit, BandLimit: admission.DefaultBandLimit, TenantLimit: 0, // the fair share
 		TTL: admission.DefaultTTL, ColdStart: admission.DefaultColdStart, StaleAfter: admission.DefaultStaleAfter,
 	}
 	with := func(f func(*admission.Config)) admission.Config {

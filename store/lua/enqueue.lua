@@ -3,12 +3,15 @@
 -- and this call admits it here, so no wake-up is lost.
 -- KEYS: see admit.lua. ARGV = id, pod, band, tenant, cost, deadline ms,
 -- hold ms (how long the ticket lives unless its pod renews it), queue
--- max, band max, tenant max (0: none), now ms.
+-- max, band max, tenant max (0: none; 'f': the tenant's fair share of
+-- the band), now ms.
 -- Returns {0, position} queued, {1, replica} granted (a seat is set aside
 -- on replica), {2, reason} shed, {3} the id is already queued or granted.
 local id, pod, b, t = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local cost, dl, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local qmax, bmax, tmax = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local qmax, bmax = tonumber(ARGV[8]), tonumber(ARGV[9])
+local fair = ARGV[10] == 'f'
+local tmax = fair and 0 or tonumber(ARGV[10])
 NOW = tonumber(ARGV[11])
 local now = NOW
 expire(now, 100)
@@ -17,6 +20,13 @@ local c = redis.call('HMGET', ADM, 'n', 'nb:' .. b, 'nt:' .. b .. ':' .. t)
 local n, nb, nt = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')
 if qmax > 0 and n >= qmax then return {2, 'queue_full'} end
 if bmax > 0 and nb >= bmax then return {2, 'band_full'} end
+if fair and bmax > 0 then
+  -- The tenant's fair share of the band (admission.ShareOf): its limit
+  -- over the other tenants backlogged in it, itself and one more.
+  local others = redis.call('ZCARD', QP .. 'qt:' .. b)
+  if nt > 0 then others = others - 1 end
+  tmax = math.ceil(bmax / (others + 2))
+end
 if tmax > 0 and nt >= tmax then return {2, 'tenant_full'} end
 -- Position: the tickets queued in this band and the bands before it.
 local pos = 0
