@@ -560,7 +560,7 @@ func BenchmarkAdmissionFairness(b *testing.B) {
 		b.Logf("A/B: served cost %v, served %v, outcomes %v, Jain %.4f", cs, count(rs), outcomes(rs), jain(cs["A"], cs["B"]))
 		b.ReportMetric(jain(cs["A"], cs["B"]), "jain")
 
-		prefix := admPrompt(-1, 256)
+		prefix := admPrompt(1<<20, 256)
 		rs = f.openLoop(2*c, int(2*c*secs), func(i int) admReq {
 			if i%2 == 0 {
 				return admReq{pod: i % 3, tenant: "C", prompt: append(slices.Clone(prefix), admPrompt(i, 16)...)}
