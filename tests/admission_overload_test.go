@@ -140,6 +140,11 @@ type admReq struct {
 	priority int
 	tenant   string
 	prompt   []int
+	// spread varies max_tokens around the shape's: uniform over
+	// [maxTokens/2, maxTokens*3/2] (mean maxTokens), as a real mix of
+	// answer lengths; without it every request of a deterministic
+	// sim-replica takes the same time and the slots free in lockstep.
+	spread bool
 }
 
 // admResult is what one request met. latency runs from its scheduled
@@ -184,7 +189,11 @@ func (f *admFleet) openLoop(rate float64, n int, mk func(i int) admReq) []admRes
 
 func (f *admFleet) send(seq int, at time.Time, q admReq) admResult {
 	r := admResult{admReq: q, seq: seq, sched: at}
-	body, _ := json.Marshal(map[string]any{"model": admModel, "prompt": q.prompt, "max_tokens": f.shape.maxTokens, "priority": q.priority})
+	maxTokens := f.shape.maxTokens
+	if q.spread {
+		maxTokens = maxTokens/2 + int(uint32(seq)*2654435761%uint32(maxTokens+1))
+	}
+	body, _ := json.Marshal(map[string]any{"model": admModel, "prompt": q.prompt, "max_tokens": maxTokens, "priority": q.priority})
 	req, _ := http.NewRequest(http.MethodPost, f.pods[q.pod].base+"/v1/completions", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if q.tenant != "" {
@@ -346,7 +355,7 @@ func priorityMix(i int) admReq {
 	if i%5 == 0 {
 		p = -1
 	}
-	return admReq{pod: i % 3, priority: p, prompt: admPrompt(i, 32)}
+	return admReq{pod: i % 3, priority: p, prompt: admPrompt(i, 32), spread: true}
 }
 
 func high(r admResult) bool { return r.priority < 0 }
