@@ -585,12 +585,16 @@ func jain(xs ...float64) float64 {
 // tenants C (every prompt repeats one 256-token prefix: cache hits, with
 // an ingestor feeding the index the replicas' events) and D (unique
 // prompts of the same length) at equal rates: requests served per tenant.
+// KVROUTE_ADM_FAIR_SERVE replaces the serve flags (default --tenant-limit 30).
 //
 //	KVROUTE_ADM_SECS=60 go test -run '^$' -bench AdmissionFairness -benchtime 1x -timeout 20m ./tests/
 func BenchmarkAdmissionFairness(b *testing.B) {
 	for b.Loop() {
 		s := admShape{replicas: 3, seqs: 2, maxTokens: 10, decodeTPS: 50, ingest: true,
 			serveArgs: []string{"--tenant-limit", "30"}}
+		if v := os.Getenv("KVROUTE_ADM_FAIR_SERVE"); v != "" {
+			s.serveArgs = strings.Fields(v) // e.g. "--tenant-limit 0 --band-limit 100"
+		}
 		f := startAdmFleet(b, s)
 		c, secs := s.capacity(), admSecs()
 		cost := func(rs []admResult) map[string]float64 {
