@@ -31,6 +31,11 @@ const (
 	admitHold  = 5 * time.Second
 	admitGrant = 2 * time.Second
 	admitBeat  = 250 * time.Millisecond
+	// idleKickEvery is how many beats pass between kicks of the models
+	// this pod holds no waiters for (a second), and idleKickFor how long
+	// after it last described a model it keeps kicking it.
+	idleKickEvery = 4
+	idleKickFor   = time.Minute
 	// capRefresh rewrites a model's capacity this often even unchanged,
 	// so that a store that lost it (a restart, a flush) has it again.
 	capRefresh = 10 * time.Second
@@ -60,6 +65,7 @@ type admitter struct {
 	pods     int
 	local    map[string]map[string]time.Time
 	lastPods time.Time
+	beats    int
 	// refresh describes a model's capacity from a fresh registry read
 	// (Router.describeModel), so that replicas that came up are seen.
 	refresh func(ctx context.Context, model string)
@@ -168,11 +174,20 @@ func (a *admitter) wait(ctx context.Context, r *Router, req Request, id string, 
 	t := kvroute.Ticket{RequestID: id, Model: req.Model, Pod: a.pod, Priority: req.Priority, Tenant: req.Tenant, Cost: cost,
 		Deadline: a.now().Add(budget)}
 	lim := kvroute.QueueLimits{Queue: a.cfg.QueueMax(), Band: a.cfg.BandMax(), Tenant: a.cfg.TenantMax(), FairShare: a.cfg.FairShare()}
-	sctx, cancel := r.storeCtx(ctx)
+	// A client that leaves mid-call must not lose the ticket's answer:
+	// the enqueue runs to its end (bounded by the store timeout), and a
+	// failed one is taken back, in case Redis ran it.
+	sctx, cancel := r.storeCtx(context.WithoutCancel(ctx))
 	ad, err := a.q.Enqueue(sctx, t, admitHold, lim)
 	cancel()
 	if err != nil {
+		a.leave(ctx, r, id)
 		return "", fmt.Errorf("router: enqueue: %w", err)
+	}
+	if ctx.Err() != nil {
+		a.leave(ctx, r, id)
+		a.m.gone(req)
+		return "", ctx.Err()
 	}
 	switch ad.Status {
 	case kvroute.Granted:
@@ -296,9 +311,13 @@ func (a *admitter) run(ctx context.Context) error {
 	}
 }
 
-// beat kicks every model this pod holds waiters for, and now and then
-// counts the pods sharing the queue.
+// beat kicks every model this pod holds waiters for and, every
+// idleKickEvery beats, every other model it described lately: the tickets
+// and seats of a pod that died are given back by any live pod's beat,
+// whether or not it has waiters of its own, and whether or not an
+// ingestor sweeps. Now and then it counts the pods sharing the queue.
 func (a *admitter) beat(ctx context.Context) {
+	a.beats++
 	if now := a.now(); now.Sub(a.lastPods) > capRefresh/2 {
 		a.lastPods = now
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -310,10 +329,17 @@ func (a *admitter) beat(ctx context.Context) {
 	for id, w := range a.waiters {
 		byModel[w.model] = append(byModel[w.model], id)
 	}
+	if a.beats%idleKickEvery == 0 {
+		for model, seen := range a.caps {
+			if _, ok := byModel[model]; !ok && a.now().Sub(seen.at) < idleKickFor {
+				byModel[model] = nil
+			}
+		}
+	}
 	a.mu.Unlock()
 	for model, ids := range byModel {
 		kctx, cancel := context.WithTimeout(ctx, time.Second)
-		if a.refresh != nil {
+		if a.refresh != nil && len(ids) > 0 {
 			a.refresh(kctx, model)
 		}
 		depth, states, err := a.q.Kick(kctx, model, admitHold, ids)
