@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -126,9 +127,15 @@ func admRoute(t *testing.T, base, model string) int {
 // redis-server share one queue for a fleet of two sim-replicas of one
 // request each, kept full by two long requests through pod 2. 100
 // requests queue on pod 1, which is then SIGKILLed; one long request is
-// released. Within hold (5 s) + grant (2 s) + a beat no capacity stays
-// taken by the dead pod: depth 0, booked requests and lease bodies equal
-// pod 2's one real request, and a new request on pod 2 is admitted.
+// released. Within hold (5 s) + grant (2 s) + the ingestor's sweep (5 s)
+// + a beat no capacity stays taken by the dead pod: depth 0, booked
+// requests and lease bodies equal pod 2's one real request, and a new
+// request on pod 2 is admitted.
+//
+// The fleet runs a `kvroute ingest` (its sweep), as production does: pod
+// 2 holds no waiter, so its beat kicks no model, and without a sweep the
+// dead pod's tickets and seat stay (KVROUTE_ADM_NO_INGEST=1 runs that
+// case, which fails: see notes/bench2-results.md).
 func TestAdmissionPodKilled(t *testing.T) {
 	const model = "demo"
 	bin := kvrouteBinary(t)
@@ -136,8 +143,13 @@ func TestAdmissionPodKilled(t *testing.T) {
 	lim := []string{"--max-requests", "1", "--queue-ttl", "60s"}
 	p1 := startPods(t, bin, url, 1, append(lim, "--pod-name", "p1")...)[0]
 	p2 := startPods(t, bin, url, 1, append(lim, "--pod-name", "p2")...)[0]
+	bound := 5*time.Second + 2*time.Second + 500*time.Millisecond
+	if os.Getenv("KVROUTE_ADM_NO_INGEST") == "" {
+		startIngest(t, bin, url)
+		bound += 5 * time.Second
+	}
 	admSims(t, bin, p2.base, model, 2, "--decode-tokens-per-sec", "1")
-	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: 256}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 
 	var long []context.CancelFunc
 	var wg sync.WaitGroup
@@ -169,17 +181,42 @@ func TestAdmissionPodKilled(t *testing.T) {
 
 	var last admState
 	wait.Until(t, "no capacity left taken by the dead pod", func() bool {
-		last = readAdmState(t, rc, model)
+		s := readAdmState(t, rc, model)
+		if s != last {
+			t.Logf("%v after SIGKILL: %+v", time.Since(killed).Round(time.Millisecond), s)
+		}
+		last = s
 		return last.depth == 0 && last.booked == 1 && last.leases == 1
 	})
 	took := time.Since(killed)
 	t.Logf("SIGKILL to no capacity taken: %v (depth %d, booked %d, lease bodies %d)", took.Round(time.Millisecond), last.depth, last.booked, last.leases)
-	if bound := 5*time.Second + 2*time.Second + 500*time.Millisecond; took > bound {
+	if took > bound {
 		t.Errorf("capacity back after %v, want within %v", took, bound)
 	}
 	if got := admRoute(t, p2.base, model); got != http.StatusOK {
 		t.Errorf("new request on pod 2: got %d, want 200", got)
 	}
+}
+
+// startIngest runs one `kvroute ingest` against url, stopped when t ends.
+func startIngest(t *testing.T, bin, url string) {
+	t.Helper()
+	cmd := exec.Command(bin, "ingest", "--redis-url", url, "--metrics-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)), "--log-format", "json")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
 }
 
 // admOutcome is what one request of TestAdmissionExactlyOnce ended as.
