@@ -127,15 +127,12 @@ func admRoute(t *testing.T, base, model string) int {
 // redis-server share one queue for a fleet of two sim-replicas of one
 // request each, kept full by two long requests through pod 2. 100
 // requests queue on pod 1, which is then SIGKILLed; one long request is
-// released. Within hold (5 s) + grant (2 s) + the ingestor's sweep (5 s)
-// + a beat no capacity stays taken by the dead pod: depth 0, booked
-// requests and lease bodies equal pod 2's one real request, and a new
-// request on pod 2 is admitted.
-//
-// The fleet runs a `kvroute ingest` (its sweep), as production does: pod
-// 2 holds no waiter, so its beat kicks no model, and without a sweep the
-// dead pod's tickets and seat stay (KVROUTE_ADM_NO_INGEST=1 runs that
-// case, which fails: see notes/bench2-results.md).
+// released. Within hold (5 s) + grant (2 s) + an idle beat (1 s) no
+// capacity stays taken by the dead pod: depth 0, booked requests and
+// lease bodies equal pod 2's one real request, and a new request on pod 2
+// is admitted. Pod 2 holds no waiter: its beat kicks the model because it
+// served it lately. No ingestor sweeps (KVROUTE_ADM_INGEST=1 adds one,
+// and its sweep interval to the bound).
 func TestAdmissionPodKilled(t *testing.T) {
 	const model = "demo"
 	bin := kvrouteBinary(t)
@@ -143,8 +140,8 @@ func TestAdmissionPodKilled(t *testing.T) {
 	lim := []string{"--max-requests", "1", "--queue-ttl", "60s"}
 	p1 := startPods(t, bin, url, 1, append(lim, "--pod-name", "p1")...)[0]
 	p2 := startPods(t, bin, url, 1, append(lim, "--pod-name", "p2")...)[0]
-	bound := 5*time.Second + 2*time.Second + 500*time.Millisecond
-	if os.Getenv("KVROUTE_ADM_NO_INGEST") == "" {
+	bound := 5*time.Second + 2*time.Second + time.Second + 500*time.Millisecond
+	if os.Getenv("KVROUTE_ADM_INGEST") != "" {
 		startIngest(t, bin, url)
 		bound += 5 * time.Second
 	}
@@ -234,15 +231,15 @@ const (
 // against two sim-replicas of two requests each; a third of the clients
 // cancel while they wait, a third bound their wait to 100 ms. Each
 // request ends exactly once as 200, 429, 503 or client gone, and after
-// the load drains no ticket and no booking is left (with an ingestor's
-// sweep: without one, KVROUTE_ADM_NO_INGEST=1, seats granted to requests
-// that left stay taken; see notes/bench2-results.md).
+// the load drains no ticket and no booking is left, with no ingestor's
+// sweep (KVROUTE_ADM_INGEST=1 adds one): the pods' beats give back what
+// requests that left held.
 func TestAdmissionExactlyOnce(t *testing.T) {
 	const model, n = "demo", 300
 	bin := kvrouteBinary(t)
 	url, rc := loadRedis(t)
 	pods := startPods(t, bin, url, 3, "--max-requests", "2", "--queue-ttl", "20s")
-	if os.Getenv("KVROUTE_ADM_NO_INGEST") == "" {
+	if os.Getenv("KVROUTE_ADM_INGEST") != "" {
 		startIngest(t, bin, url) // Its sweep: see TestAdmissionPodKilled.
 	}
 	admSims(t, bin, pods[0].base, model, 2, "--decode-tokens-per-sec", "400")
