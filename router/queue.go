@@ -36,6 +36,9 @@ const (
 	// after it last described a model it keeps kicking it.
 	idleKickEvery = 4
 	idleKickFor   = time.Minute
+	// describeEvery is how often a model's description is rebuilt from
+	// the decisions' view (the registry's cache life).
+	describeEvery = 250 * time.Millisecond
 	// capRefresh rewrites a model's capacity this often even unchanged,
 	// so that a store that lost it (a restart, a flush) has it again.
 	capRefresh = 10 * time.Second
@@ -81,9 +84,12 @@ type waiter struct {
 	dispatchedFrom time.Time
 }
 
+// capSeen is the last description of a model this pod built (at) and
+// wrote (written), of n candidates.
 type capSeen struct {
-	sig string
-	at  time.Time
+	sig         string
+	at, written time.Time
+	n           int
 }
 
 func newAdmitter(q Queue, cfg admission.Config, pod string, log *slog.Logger, now func() time.Time, m *admitMetrics) *admitter {
@@ -95,6 +101,16 @@ func newAdmitter(q Queue, cfg admission.Config, pod string, log *slog.Logger, no
 // describe tells the store model's capacity when this pod's view of it
 // changed, or capRefresh after it last did.
 func (a *admitter) describe(ctx context.Context, r *Router, model string, bs int, cands candidates, lims []kvroute.Limits) {
+	// A pod's view changes at most once a registry read: between them
+	// the description is not rebuilt (it would cost every decision a map
+	// and a signature).
+	now := a.now()
+	a.mu.Lock()
+	seen := a.caps[model]
+	a.mu.Unlock()
+	if seen.n == len(cands.fleet) && now.Sub(seen.at) < describeEvery && seen.sig != "" {
+		return
+	}
 	c := kvroute.Capacity{Replicas: map[string]kvroute.Limits{}, BlockSize: bs, MaxInFlight: a.cfg.MaxInFlightFor(model),
 		StaleAfter: a.cfg.StaleAge(), StaleSaturated: a.cfg.StaleSaturated, GrantTTL: admitGrant}
 	for i, rep := range cands.fleet {
@@ -108,16 +124,16 @@ func (a *admitter) describe(ctx context.Context, r *Router, model string, bs int
 	for _, id := range slices.Sorted(maps.Keys(c.Replicas)) {
 		fmt.Fprintf(&b, "%s=%+v;", id, c.Replicas[id])
 	}
-	now := a.now()
 	a.mu.Lock()
-	seen := a.caps[model]
 	if len(c.Replicas) > 0 {
 		a.known[model] = true
 	}
-	a.mu.Unlock()
-	if seen.sig == b.String() && now.Sub(seen.at) < capRefresh {
+	if seen.sig == b.String() && now.Sub(seen.written) < capRefresh {
+		a.caps[model] = capSeen{sig: seen.sig, at: now, written: seen.written, n: len(cands.fleet)}
+		a.mu.Unlock()
 		return
 	}
+	a.mu.Unlock()
 	sctx, cancel := r.storeCtx(ctx)
 	err := a.q.SetCapacity(sctx, model, c)
 	cancel()
@@ -126,7 +142,7 @@ func (a *admitter) describe(ctx context.Context, r *Router, model string, bs int
 		return
 	}
 	a.mu.Lock()
-	a.caps[model] = capSeen{sig: b.String(), at: now}
+	a.caps[model] = capSeen{sig: b.String(), at: now, written: now, n: len(cands.fleet)}
 	a.mu.Unlock()
 }
 

@@ -59,7 +59,7 @@ end
 -- holds) and prefill under their limits, and, while the scrape is fresh,
 -- the engine's waiting and KV usage under theirs.
 local function room(lim, booked, scraped, own, now, staleMs, staleSat)
-  if not lim then return true end
+  if not lim or lim == '0,0,0,0' then return true end
   local mr, mp, mw, mk = string.match(lim, '^(%d+),(%d+),(%d+),([%d.eE+-]+)$')
   mr, mp, mw, mk = tonumber(mr), tonumber(mp), tonumber(mw), tonumber(mk)
   local p, _, n = parseBooked(booked)
@@ -223,8 +223,9 @@ end
 
 -- roomy returns, per replica of reps (with its booked and scraped load in
 -- cur, pairs), whether it has room; the caller's own seat on seat does
--- not count against it.
-local function roomy(reps, cur, seat)
+-- not count against it. With fetch, the scrapes are not in cur: each is
+-- read only for a replica whose limits need the engine's figures.
+local function roomy(reps, cur, seat, fetch)
   local _, staleMs, staleSat = capConf()
   local lims = redis.call('HMGET', CAP, unpack(reps))
   local now = nowMs()
@@ -232,7 +233,10 @@ local function roomy(reps, cur, seat)
   for j, R in ipairs(reps) do
     local own = 0
     if R == seat then own = 1 end
-    out[j] = room(lims[j] or nil, cur[2 * j - 1], cur[2 * j], own, now, staleMs, staleSat)
+    local lim = lims[j] or nil
+    local sc = cur[2 * j]
+    if fetch and lim and not string.match(lim, ',0,0$') then sc = redis.call('HGET', KEYS[1], R .. '#s') end
+    out[j] = room(lim, cur[2 * j - 1], sc, own, now, staleMs, staleSat)
   end
   return out
 end

@@ -95,9 +95,9 @@ if admit then
   for j = 1, n do
     reps[j] = ARGV[head + 3 * j - 2]
     pairs2[2 * j - 1] = booked(j)
-    pairs2[2 * j] = scraped and cur[2 * j] or redis.call('HGET', KEYS[1], reps[j] .. '#s')
+    pairs2[2 * j] = scraped and cur[2 * j]
   end
-  ok = roomy(reps, pairs2, seat)
+  ok = roomy(reps, pairs2, seat, not scraped)
 end
 -- The cheapest wins, then the less loaded, then the earlier (scoring.Settled).
 local best, bestCost, bestBlocks, bestLoad
