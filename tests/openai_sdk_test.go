@@ -125,6 +125,27 @@ func waitDemoFollowed(t *testing.T, p *process) {
 		_, body := p.get(t, "/v1/replicas")
 		return fmt.Errorf("/v1/replicas: %s", body)
 	})
+	// Every replica followed as the decisions see it (their registry copy
+	// is cached): three round-robin decisions in a row, one on each
+	// replica, none index-incomplete. Each booking is released.
+	route := `{"model":"demo","token_ids":[1,2,3],"max_tokens":1,"policy":"round-robin"}`
+	wait.UntilNil(t, "every demo replica followed in the decisions' view", func() error {
+		for range 3 {
+			status, _, body := p.post(t, "/v1/route", route)
+			var d struct {
+				RequestID  string `json:"request_id"`
+				Incomplete bool   `json:"index_incomplete"`
+			}
+			if status != 200 || json.Unmarshal([]byte(body), &d) != nil {
+				t.Fatalf("route: %d %s", status, body)
+			}
+			p.post(t, "/v1/requests/"+d.RequestID+"/release", "")
+			if d.Incomplete {
+				return fmt.Errorf("a decision was index-incomplete: %s", body)
+			}
+		}
+		return nil
+	})
 }
 
 // sumSeries adds every sample of a metric in Prometheus text format.
