@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -167,4 +168,31 @@ func (r *Router) describeModel(ctx context.Context, model string) {
 		lims[i] = r.adm.cfg.LimitsFor(cands.server(rep))
 	}
 	r.adm.describe(ctx, r, model, r.BlockSize(model, fleet), cands, lims)
+}
+
+// admitWith turns admission on over opt's queue.
+func (r *Router) admitWith(opt Options) error {
+	if err := r.cfg.Admission.Validate(); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	q := opt.Queue
+	if q == nil {
+		var ok bool
+		if q, ok = r.idx.(Queue); !ok {
+			return errors.New("router: admission is enabled but the index is no queue")
+		}
+	}
+	pod := opt.Pod
+	if pod == "" {
+		pod = randomID()
+	}
+	var a *admitter
+	m, err := newAdmitMetrics(opt.MeterProvider, func() map[[3]string]int64 { return a.waiting() })
+	if err != nil {
+		return fmt.Errorf("router: admission metrics: %w", err)
+	}
+	a = newAdmitter(q, r.cfg.Admission, pod, r.log, r.now, m)
+	a.refresh = r.describeModel
+	r.adm = a
+	return nil
 }

@@ -242,33 +242,6 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 	return r, nil
 }
 
-// admitWith turns admission on over opt's queue.
-func (r *Router) admitWith(opt Options) error {
-	if err := r.cfg.Admission.Validate(); err != nil {
-		return fmt.Errorf("router: %w", err)
-	}
-	q := opt.Queue
-	if q == nil {
-		var ok bool
-		if q, ok = r.idx.(Queue); !ok {
-			return errors.New("router: admission is enabled but the index is no queue")
-		}
-	}
-	pod := opt.Pod
-	if pod == "" {
-		pod = randomID()
-	}
-	var a *admitter
-	m, err := newAdmitMetrics(opt.MeterProvider, func() map[[3]string]int64 { return a.waiting() })
-	if err != nil {
-		return fmt.Errorf("router: admission metrics: %w", err)
-	}
-	a = newAdmitter(q, r.cfg.Admission, pod, r.log, r.now, m)
-	a.refresh = r.describeModel
-	r.adm = a
-	return nil
-}
-
 // BlockSize is the block size requests for model are keyed with, given the
 // model's replicas: a size pinned in BlockSizes, else the size every
 // replica that reported one agrees on, else the configured default. The
