@@ -198,22 +198,7 @@ func TestAdmissionPodKilled(t *testing.T) {
 // startIngest runs one `kvroute ingest` against url, stopped when t ends.
 func startIngest(t *testing.T, bin, url string) {
 	t.Helper()
-	cmd := exec.Command(bin, "ingest", "--redis-url", url, "--metrics-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)), "--log-format", "json")
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	startAdmProc(t, bin, "ingest", "ingest", "--redis-url", url, "--metrics-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))
 }
 
 // admOutcome is what one request of TestAdmissionExactlyOnce ended as.
