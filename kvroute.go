@@ -191,6 +191,13 @@ type Overlap struct {
 	// Approx counts leading blocks the router itself sent to this replica
 	// recently; it stands in for replicas that publish no events.
 	Approx int `json:"approx"`
+	// Predicted counts leading blocks a live prediction says the replica
+	// will hold once the prefill booked on it has run (PredictedOverlap);
+	// Ready is that prediction's progress (0..1) and Wait the prefill
+	// blocks still to run before it is held.
+	Predicted int     `json:"predicted,omitempty"`
+	Ready     float64 `json:"ready,omitempty"`
+	Wait      float64 `json:"wait,omitempty"`
 }
 
 // Load is the work a replica already owes, in KV blocks, as every scoring pod
@@ -228,6 +235,10 @@ type Lease struct {
 	// booking then takes. Otherwise the store answers ErrNoRoom. False:
 	// booked wherever the decision says, as before admission.
 	Admit bool `json:"-"`
+	// Predict, when not nil, also records on the booked replica that it
+	// will hold the prompt's chain (prediction.go), in the same atomic
+	// step; nil predicts nothing.
+	Predict *PredictPlan `json:"-"`
 }
 
 // A Choice is one replica a contested booking may land on: the lease's
@@ -238,6 +249,10 @@ type Choice struct {
 	// Credit is the prefill blocks the replica's cached prefix is worth
 	// in its cost (the overlap credit times the blocks it matched).
 	Credit float64
+	// Floor is the least the prefill term can be there, whatever the
+	// credit: the request's own prefill owed, plus the part of an
+	// in-flight prefill it would wait for that computes nothing it needs.
+	Floor float64
 }
 
 // ChoiceCost is the cost a store evaluates to book the cheapest of
@@ -245,7 +260,7 @@ type Choice struct {
 // kv cost): with P, D and N a choice's booked prefill, decode and
 // requests (N at least its scraped running plus waiting),
 //
-//	PrefillScale × max(0, P + Blocks − Credit) + (D + Active) + RequestWeight × N
+//	PrefillScale × max(Floor, P + Blocks − Credit) + (D + Active) + RequestWeight × N
 //
 // The cheapest by more than Eps wins, then the least loaded (P + D) by
 // more than Eps, then the earliest choice. Bound is the cost the winner

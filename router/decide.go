@@ -49,7 +49,10 @@ type Input struct {
 	Model     string
 	// Blocks is the number of full prompt blocks keyed (the overlaps are
 	// counted in these); PromptTokens the prompt's length in tokens.
-	Blocks       int
+	Blocks int
+	// Keys are the prompt's block keys (len(Keys) == Blocks), from which
+	// the booking's predicted entry is made; nil predicts nothing.
+	Keys         []kvroute.BlockKey
 	PromptTokens int
 	BlockSize    int
 	// MaxTokens is the request's output limit; 0 or less means the
@@ -81,6 +84,10 @@ type Outcome struct {
 	// RecordApprox asks the caller to remember that the pick was sent the
 	// prompt's blocks (it publishes no events).
 	RecordApprox bool
+	// Predicted says some candidate's cost counted a predicted entry, and
+	// PredictionChanged that without predictions the pick would not have
+	// been among the cheapest (the decisions predictions changed).
+	Predicted, PredictionChanged bool
 }
 
 // Decide makes one decision. It is pure: the same cfg, in and random
@@ -93,7 +100,29 @@ func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
 	if err != nil {
 		return Outcome{Result: res}, err
 	}
-	return outcome(cfg, in, res, maxTokens, decode), nil
+	out := outcome(cfg, in, res, maxTokens, decode)
+	out.Predicted, out.PredictionChanged = predictionChanged(sc, sreq, cands, res.Pick)
+	return out, nil
+}
+
+// predictionChanged reports whether any candidate's cost under sc counted
+// a prediction and, if so, whether pick would not be among the cheapest
+// without them.
+func predictionChanged(sc scoring.Config, req scoring.Request, cands []scoring.Candidate, pick int) (predicted, changed bool) {
+	if sc.PredictWeight == 0 || (sc.Policy != scoring.PolicyKV && sc.Policy != "") {
+		return false, false
+	}
+	for _, c := range cands {
+		if c.Predicted > 0 {
+			predicted = true
+			break
+		}
+	}
+	if !predicted {
+		return false, false
+	}
+	sc.PredictWeight = 0
+	return true, !scoring.Cheapest(sc, req, cands, pick)
 }
 
 // DecideAs is the Outcome of booking candidate p, scored as Decide scores
@@ -124,14 +153,40 @@ func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int
 	}
 	// The prefill still owed is what the cost function credited, as a
 	// booking the store settles owes it.
-	prefill := scoring.PrefillOwed(in.Blocks, s)
+	prefill := s.Owed
 	out.Lease = kvroute.Lease{
 		RequestID: in.RequestID, Model: in.Model, Replica: in.Candidates[p].ID,
 		PrefillBlocks: prefill, DecodeBlocks: decode,
 		Expires: in.Now.Add(LeaseTTL(cfg, in.PromptTokens, maxTokens)),
 	}
 	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
+	out.Lease.Predict = predictPlan(cfg, in, p)
 	return out
+}
+
+// DefaultPredictGrace is Config.PredictGrace's zero value: how long a
+// predicted entry waits past its due time for the event that confirms it.
+// vLLM publishes a step's events as the step ends; 2 s covers that and an
+// ingestor's batching with room to spare.
+const DefaultPredictGrace = 2 * time.Second
+
+// predictPlan is the predicted entry a booking on candidate p records:
+// the prompt's chain, due when the replica's booked prefill has run at
+// cfg's conservative prefill speed. None when predictions are off, the
+// replica publishes no events (approximate entries stand in for those),
+// or the prompt has no full block.
+func predictPlan(cfg Config, in Input, p int) *kvroute.PredictPlan {
+	if cfg.Scoring.PredictWeight == 0 || !in.Candidates[p].Events || len(in.Keys) == 0 || len(in.Keys) != in.Blocks {
+		return nil
+	}
+	plan := &kvroute.PredictPlan{Marks: kvroute.PredictMarks(in.Keys), Grace: cfg.PredictGrace}
+	if plan.Grace <= 0 {
+		plan.Grace = DefaultPredictGrace
+	}
+	if cfg.PrefillTPS > 0 && in.BlockSize > 0 {
+		plan.PerBlock = time.Duration(float64(in.BlockSize) / cfg.PrefillTPS * float64(time.Second))
+	}
+	return plan
 }
 
 // scoringInput is what scoring sees of a decision's input, and the
@@ -150,7 +205,7 @@ func scoringInput(cfg Config, in Input) (scoring.Config, scoring.Request, []scor
 	for i, c := range in.Candidates {
 		cands[i] = scoring.Candidate{
 			ID: c.ID, Routable: c.Routable, GPU: c.Overlap.GPU, Any: c.Overlap.Any, Approx: c.Overlap.Approx,
-			Load: c.Load,
+			Predicted: c.Overlap.Predicted, Ready: c.Overlap.Ready, Wait: c.Overlap.Wait, Load: c.Load,
 		}
 	}
 	sreq := scoring.Request{Blocks: in.Blocks, ActiveBlocks: float64(decode), SessionID: in.SessionID, Counter: in.Counter}

@@ -84,6 +84,9 @@ func (c candidates) foldOverlaps(os []kvroute.Overlap) []kvroute.Overlap {
 	for i := range c.fleet {
 		for _, o := range os[c.from[i]:c.from[i+1]] {
 			out[i].GPU, out[i].Any, out[i].Approx = max(out[i].GPU, o.GPU), max(out[i].Any, o.Any), max(out[i].Approx, o.Approx)
+			if o.Predicted > out[i].Predicted || (o.Predicted == out[i].Predicted && o.Wait < out[i].Wait) {
+				out[i].Predicted, out[i].Ready, out[i].Wait = o.Predicted, o.Ready, o.Wait
+			}
 		}
 	}
 	return out

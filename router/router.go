@@ -92,9 +92,14 @@ type Config struct {
 	// LeaseTTL is the minimum life of a booking; the predicted duration of
 	// the request is added to it.
 	LeaseTTL time.Duration
-	// PrefillTPS and DecodeTPS are conservative engine speeds used only to
-	// predict when a lease may safely expire.
+	// PrefillTPS and DecodeTPS are conservative engine speeds, used to
+	// predict when a lease may safely expire and (PrefillTPS) when a
+	// predicted entry's prefill is due.
 	PrefillTPS, DecodeTPS float64
+	// PredictGrace is how long a predicted entry outlives its prefill's
+	// due time, waiting for the event that confirms it; zero means
+	// DefaultPredictGrace.
+	PredictGrace time.Duration
 	// RegistryTTL bounds how stale the in-process copy of the registry may
 	// be. It is a cache: every pod re-reads the registry from the store.
 	RegistryTTL time.Duration
@@ -411,6 +416,7 @@ func (r *Router) decideOnce(ctx context.Context, req Request, tm *Stages, id, se
 		return d, nil, err
 	}
 	in := r.input(d, req, cands.fleet, overlaps, loads)
+	in.Keys = keys
 	out, ask, err := r.admitAndBook(ctx, req, in, loads, cands, seat, tm)
 	if ask != nil {
 		return Decision{}, ask, nil

@@ -86,6 +86,11 @@ type Config struct {
 	// ApproxWeight credits a block known only from the router's own past
 	// decisions (replicas without events) at this fraction.
 	ApproxWeight float64 `json:"approx_weight"`
+	// PredictWeight credits a predicted block (one a booking sent to the
+	// replica, whose prefill is still in flight) at this fraction of a
+	// held block when the prefill starts, rising to the full credit as it
+	// completes. 0 turns predictions off.
+	PredictWeight float64 `json:"predict_weight"`
 
 	// BalanceAbs and BalanceRel are hard-switch's imbalance test on active
 	// requests: imbalanced when max-min > BalanceAbs AND max > BalanceRel*min.
@@ -119,6 +124,7 @@ func DefaultConfig() Config {
 	c := DynamoConfig()
 	c.OverlapCredit = 4
 	c.PrefillLoadScale = 2
+	c.PredictWeight = 1
 	return c
 }
 
@@ -153,15 +159,15 @@ func (c Config) Validate() error {
 	}{
 		{"overlap_credit", c.OverlapCredit}, {"credit_decay", c.CreditDecay},
 		{"prefill_load_scale", c.PrefillLoadScale}, {"decode_request_weight", c.DecodeRequestWeight},
-		{"host_weight", c.HostWeight}, {"approx_weight", c.ApproxWeight},
+		{"host_weight", c.HostWeight}, {"approx_weight", c.ApproxWeight}, {"predict_weight", c.PredictWeight},
 		{"balance_abs", c.BalanceAbs}, {"balance_rel", c.BalanceRel}, {"cache_threshold", c.CacheThreshold},
 	} {
 		if w.v < 0 || math.IsNaN(w.v) || math.IsInf(w.v, 0) {
 			return fmt.Errorf("%s must be a finite number >= 0, got %v", w.name, w.v)
 		}
 	}
-	if c.HostWeight > 1 || c.ApproxWeight > 1 {
-		return errors.New("host_weight and approx_weight must be <= 1")
+	if c.HostWeight > 1 || c.ApproxWeight > 1 || c.PredictWeight > 1 {
+		return errors.New("host_weight, approx_weight and predict_weight must be <= 1")
 	}
 	if c.VirtualNodes < 1 || c.VirtualNodes > 10_000 {
 		return fmt.Errorf("virtual_nodes must be in 1..10000, got %d", c.VirtualNodes)
@@ -187,7 +193,14 @@ type Candidate struct {
 	// GPU, Any and Approx are leading blocks of the request held on GPU, in
 	// any tier, and recorded from past decisions (see kvroute.Overlap).
 	GPU, Any, Approx int
-	Load             Load
+	// Predicted is leading blocks a live prediction says the replica will
+	// hold once the prefill booked on it has run, Ready how far (0..1)
+	// that prefill is, and Wait the prefill blocks still to run before
+	// they are held (kvroute.PredictedOverlap).
+	Predicted int
+	Ready     float64
+	Wait      float64
+	Load      Load
 }
 
 // Request is what scoring needs to know about the incoming request.
@@ -218,11 +231,22 @@ type Score struct {
 	// Matched is the credited overlap in GPU-block units: GPU blocks, plus
 	// host-only blocks at HostWeight, or approximate blocks at ApproxWeight
 	// when those promise more.
-	Matched    float64 `json:"matched"`
-	GPU        int     `json:"gpu_blocks"`
-	Any        int     `json:"any_blocks"`
-	Approx     int     `json:"approx_blocks"`
-	Credit     float64 `json:"credit"`
+	Matched float64 `json:"matched"`
+	GPU     int     `json:"gpu_blocks"`
+	Any     int     `json:"any_blocks"`
+	Approx  int     `json:"approx_blocks"`
+	// Predicted is the leading blocks held or predicted (see Candidate).
+	Predicted int     `json:"predicted_blocks,omitempty"`
+	Credit    float64 `json:"credit"`
+	// Credited is the prefill blocks the overlap is worth in the cost
+	// (Credit times the held blocks, plus the predicted ones at their
+	// weight), and Owed the prefill a booking there owes.
+	Credited float64 `json:"credited"`
+	Owed     int64   `json:"owed_blocks"`
+	// Floor is the least the adjusted prefill can be: Owed, plus the wait
+	// for an in-flight prefill beyond the predicted blocks it computes
+	// (at 1/PrefillLoadScale).
+	Floor      float64 `json:"floor"`
 	RawPrefill float64 `json:"raw_prefill"`
 	Prefill    float64 `json:"adjusted_prefill"`
 	Decode     float64 `json:"decode"`
@@ -246,6 +270,11 @@ var ErrNoCandidate = errors.New("scoring: no routable candidate")
 // candidate; ties go to the lowest load, then to rng.
 func Pick(cfg Config, req Request, cands []Candidate, rng Rand) (Result, error) {
 	res := Result{Pick: -1, Policy: cfg.Policy, Scores: make([]Score, len(cands))}
+	if cfg.Policy != PolicyKV && cfg.Policy != "" {
+		// Predictions are the kv cost's: the other policies are
+		// references, measured as they were built.
+		cfg.PredictWeight = 0
+	}
 	eligible := make([]int, 0, len(cands))
 	for i, c := range cands {
 		if c.Routable {
@@ -296,7 +325,7 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 	switch cfg.Policy {
 	case PolicyKV, "":
 	case PolicyLeastLoad:
-		cfg.OverlapCredit = 0
+		cfg.OverlapCredit, cfg.PredictWeight = 0, 0
 	default:
 		return false
 	}
@@ -310,6 +339,26 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 	const eps = 1e-9
 	for i, c := range cands {
 		if i != pick && c.Routable && s[i].Cost <= s[pick].Cost+eps {
+			return false
+		}
+	}
+	return true
+}
+
+// Cheapest reports whether cands[pick] is among the cheapest eligible
+// candidates under the kv cost of cfg (within a tie).
+func Cheapest(cfg Config, req Request, cands []Candidate, pick int) bool {
+	if pick < 0 || pick >= len(cands) || !cands[pick].Routable {
+		return false
+	}
+	sp := keepScores.Get().(*[]Score)
+	defer keepScores.Put(sp)
+	s := slices.Grow((*sp)[:0], len(cands))[:len(cands)]
+	*sp = s
+	costs(cfg, req, cands, s)
+	const eps = 1e-9
+	for i, c := range cands {
+		if c.Routable && s[i].Cost < s[pick].Cost-eps {
 			return false
 		}
 	}
@@ -332,28 +381,59 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 	}
 	reqBlocks := float64(req.Blocks)
 	for i, c := range cands {
-		matched := matchedBlocks(cfg, c)
 		credit := cfg.OverlapCredit
 		if cfg.CreditDecay > 0 {
 			excess := math.Max(0, c.Load.Prefill-minPrefill) / math.Max(reqBlocks, 1)
 			credit /= 1 + cfg.CreditDecay*excess
 		}
-		t := kvCost(cfg.PrefillLoadScale, cfg.DecodeRequestWeight, c.Load, reqBlocks, req.ActiveBlocks, float64(credit*matched))
+		matched, credited, excess := creditedBlocks(cfg, c, credit)
+		owed := PrefillOwed(req.Blocks, matched)
+		floor := float64(owed)
+		if excess > 0 && cfg.PrefillLoadScale > 0 {
+			// A wait is charged once, as decode is, not at the prefill
+			// scale: the prefill scale weighs work the replica must do,
+			// which delays every request behind it, and a wait for a
+			// prefill already booked adds none.
+			floor += excess / cfg.PrefillLoadScale
+		}
+		t := kvCost(cfg.PrefillLoadScale, cfg.DecodeRequestWeight, c.Load, reqBlocks, req.ActiveBlocks, credited, floor)
 		out[i] = Score{
 			ID: c.ID, Eligible: c.Routable, Matched: matched,
-			GPU: c.GPU, Any: c.Any, Approx: c.Approx,
-			Credit: credit, RawPrefill: t.raw, Prefill: t.adjusted, Decode: t.decode, Requests: t.reqs, Cost: t.cost,
+			GPU: c.GPU, Any: c.Any, Approx: c.Approx, Predicted: c.Predicted,
+			Credit: credit, Credited: credited, Owed: owed, Floor: floor,
+			RawPrefill: t.raw, Prefill: t.adjusted, Decode: t.decode, Requests: t.reqs, Cost: t.cost,
 		}
 	}
 }
 
-// matchedBlocks converts a candidate's overlap into GPU-block units.
-// Event-fed and approximate overlap are alternatives, not additions: the
-// approximate record only stands in where events say less.
-func matchedBlocks(cfg Config, c Candidate) float64 {
+// creditedBlocks is a candidate's overlap as the kv cost counts it:
+// matched, the leading blocks a booking there treats as cached (its
+// prefill owed is the rest), and credited, the prefill blocks they are
+// worth in its cost.
+//
+// Held blocks are in GPU-block units: GPU blocks, plus host-only blocks at
+// HostWeight, or approximate blocks at ApproxWeight when those promise
+// more (event-fed and approximate overlap are alternatives, not
+// additions: the approximate record only stands in where events say
+// less). Each is worth credit blocks.
+//
+// Predicted blocks beyond those are the prefill in flight on the replica:
+// a request sent there shares it, so it owes none of it, but waits for it
+// (the wait is in the replica's booked prefill load), and until it is done
+// the blocks are not yet a cache whose loss elsewhere would cost later
+// requests: each is worth credit × (PredictWeight + (1−PredictWeight) ×
+// Ready), from PredictWeight of a held block when the prefill starts to a
+// whole one when it is due.
+func creditedBlocks(cfg Config, c Candidate, credit float64) (matched, credited, excess float64) {
 	any := max(c.Any, c.GPU)
 	events := float64(c.GPU) + cfg.HostWeight*float64(any-c.GPU)
-	return math.Max(events, cfg.ApproxWeight*float64(c.Approx))
+	held := math.Max(events, cfg.ApproxWeight*float64(c.Approx))
+	if cfg.PredictWeight == 0 || float64(c.Predicted) <= held {
+		return held, float64(credit * held), 0
+	}
+	w := cfg.PredictWeight + float64((1-cfg.PredictWeight)*min(max(c.Ready, 0), 1))
+	extra := float64(c.Predicted) - held
+	return float64(c.Predicted), float64(credit * float64(held+float64(w*extra))), max(0, c.Wait-extra)
 }
 
 // leastLoaded is the kv cost with no overlap credit.

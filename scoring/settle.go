@@ -49,10 +49,10 @@ func Settleable(cfg Config) bool {
 	}
 	rest := cfg
 	rest.Policy = ""
-	rest.OverlapCredit, rest.HostWeight, rest.ApproxWeight = 0, 0, 0 // in Choice.Credit
-	rest.PrefillLoadScale, rest.DecodeRequestWeight = 0, 0           // in ChoiceCost
-	rest.BalanceAbs, rest.BalanceRel, rest.CacheThreshold = 0, 0, 0  // hard-switch's
-	rest.VirtualNodes = 0                                            // session's
+	rest.OverlapCredit, rest.HostWeight, rest.ApproxWeight, rest.PredictWeight = 0, 0, 0, 0 // in Choice.Credit
+	rest.PrefillLoadScale, rest.DecodeRequestWeight = 0, 0                                  // in ChoiceCost
+	rest.BalanceAbs, rest.BalanceRel, rest.CacheThreshold = 0, 0, 0                         // hard-switch's
+	rest.VirtualNodes = 0                                                                   // session's
 	return rest == Config{}
 }
 
@@ -100,7 +100,7 @@ func Settle(cfg Config, req Request, res Result) (Settlement, bool) {
 	st.Choices = make([]kvroute.Choice, len(st.Cands))
 	for j, i := range st.Cands {
 		s := scores[i]
-		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: PrefillOwed(req.Blocks, s), Credit: s.Credit * s.Matched}
+		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: s.Owed, Credit: s.Credited, Floor: s.Floor}
 	}
 	st.Cost = kvroute.ChoiceCost{PrefillScale: cfg.PrefillLoadScale, RequestWeight: cfg.DecodeRequestWeight,
 		Blocks: float64(req.Blocks), Active: req.ActiveBlocks, Bound: bound, Eps: SettleEps}
@@ -111,8 +111,8 @@ func Settle(cfg Config, req Request, res Result) (Settlement, bool) {
 // prompt blocks less what the cost credited, not the raw overlap (a host-tier or
 // approximate block is worth a fraction of a GPU block there), so that the
 // booking agrees with the cost the pick was made on.
-func PrefillOwed(blocks int, s Score) int64 {
-	return max(int64(blocks)-int64(s.Matched), 0)
+func PrefillOwed(blocks int, matched float64) int64 {
+	return max(int64(blocks)-int64(matched), 0)
 }
 
 // Settled is the store's settlement in Go: the index of the choice a
@@ -140,7 +140,7 @@ func Settled(c kvroute.ChoiceCost, choices []kvroute.Choice, loads []kvroute.Loa
 // replica (the same function, so the same bits) with the request's terms
 // and the choice's credit as Settle fixed them.
 func ChoiceCostAt(c kvroute.ChoiceCost, ch kvroute.Choice, l kvroute.Load) float64 {
-	return kvCost(c.PrefillScale, c.RequestWeight, LoadOf(l), c.Blocks, c.Active, ch.Credit).cost
+	return kvCost(c.PrefillScale, c.RequestWeight, LoadOf(l), c.Blocks, c.Active, ch.Credit, ch.Floor).cost
 }
 
 // ActiveRequests is the requests a replica is charged for: the larger of
@@ -169,9 +169,15 @@ type kvTerms struct {
 // stops the compiler fusing it into the sum, as it does on arm64): the
 // store's booking script computes the same cost operation by operation and
 // must land on the same bits.
-func kvCost(scale, weight float64, l Load, blocks, active, credit float64) kvTerms {
+func kvCost(scale, weight float64, l Load, blocks, active, credit, floor float64) kvTerms {
 	raw := l.Prefill + blocks
-	adjusted := max(0, raw-credit)
+	// The credit forgives queued prefill, never the request's own (floor:
+	// its prefill owed, and the part of an in-flight prefill it would wait
+	// for that computes nothing it needs). Without the floor every replica
+	// holding a quarter of the prompt (at credit 4) costs the same as the
+	// one holding all of it, and a returning session goes wherever decode
+	// is lightest.
+	adjusted := max(floor, raw-credit)
 	decode := l.Decode + active
 	reqs := float64(weight * l.Requests)
 	return kvTerms{raw: raw, adjusted: adjusted, decode: decode, reqs: reqs, cost: float64(scale*adjusted) + decode + reqs}

@@ -110,7 +110,7 @@ func ParseWeights(base scoring.Config, s string) (scoring.Config, error) {
 		ptr := map[string]*float64{
 			"overlap_credit": &c.OverlapCredit, "credit_decay": &c.CreditDecay,
 			"prefill_load_scale": &c.PrefillLoadScale, "decode_request_weight": &c.DecodeRequestWeight,
-			"host_weight": &c.HostWeight, "approx_weight": &c.ApproxWeight,
+			"host_weight": &c.HostWeight, "approx_weight": &c.ApproxWeight, "predict_weight": &c.PredictWeight,
 			"balance_abs": &c.BalanceAbs, "balance_rel": &c.BalanceRel, "cache_threshold": &c.CacheThreshold,
 		}[name]
 		if ptr == nil {

@@ -301,7 +301,7 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 	}
 	// MaxTokens 0: a trace's output length is known, and a request with
 	// none owes no decode.
-	rcfg := router.Config{Scoring: sc, BlockSize: w.BlockTokens, DecodeBooking: router.DecodeBooking(cfg.DecodeBooking)}
+	rcfg := router.Config{Scoring: sc, BlockSize: w.BlockTokens, DecodeBooking: router.DecodeBooking(cfg.DecodeBooking), PrefillTPS: cfg.PrefillTPS}
 	view, err := NewRouterView(n, rcfg, !cfg.RecordDecisions, rand.New(rand.NewPCG(cfg.Seed, 1)))
 	if err != nil {
 		return Report{}, err
@@ -494,7 +494,7 @@ func (r *run) prefillDone(i int32) {
 		r.emit(true, p, st.fresh)
 		st.fresh = nil
 	}
-	r.view.FirstToken(p, st.lease)
+	r.view.FirstToken(p, st.lease, time.Time{}.Add(r.now))
 	tokens := float64(max(q.OutputTokens-1, 0))
 	if r.cfg.DecodeSlowdown > 0 {
 		r.advance(p)

@@ -37,6 +37,27 @@ type RouterView struct {
 	apx    []int
 	rng    *rand.Rand
 	count  uint64
+	// pred holds each replica's predicted entries, as the store holds
+	// them beside its load (store/lua/predict.lua), and counts what
+	// became of them.
+	pred   [][]kvroute.Prediction
+	counts PredictionCounts
+}
+
+// PredictionCounts is what became of the predicted entries decisions
+// wrote: confirmed by the event that stored the chain's end, ended by an
+// eviction of one of their blocks, or expired unconfirmed (a prediction
+// that never came true is a phantom of its own), and the decisions whose
+// pick they changed.
+type PredictionCounts struct {
+	Written   int `json:"written"`
+	Confirmed int `json:"confirmed"`
+	Evicted   int `json:"evicted"`
+	Expired   int `json:"expired"`
+	// Decisions counted a prediction in some candidate's cost; Changed
+	// would have picked otherwise without predictions.
+	Decisions int `json:"decisions"`
+	Changed   int `json:"changed"`
 }
 
 // NewRouterView is a view of n replicas (1..64) named r0..r<n-1>, deciding
@@ -58,6 +79,7 @@ func NewRouterView(n int, cfg router.Config, events bool, rng *rand.Rand) (*Rout
 		gpu:    make([]int, n),
 		any:    make([]int, n),
 		apx:    make([]int, n),
+		pred:   make([][]kvroute.Prediction, n),
 	}
 	for i := range v.ids {
 		v.ids[i] = "r" + strconv.Itoa(i)
@@ -82,6 +104,7 @@ func (v *RouterView) Apply(store bool, p int, t kvroute.Tier, keys []kvroute.Blo
 	if t != kvroute.TierGPU {
 		ix = v.host
 	}
+	v.endPredictions(store, p, keys)
 	bit := uint64(1) << uint(p)
 	for _, k := range keys {
 		if store {
@@ -125,14 +148,16 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 		v.matched(v.approx, nil, a.Keys, v.apx)
 	}
 	for j := range v.cands {
+		o := kvroute.Overlap{GPU: v.gpu[j], Any: v.any[j], Approx: v.apx[j]}
+		o.Predicted, o.Ready, o.Wait = kvroute.PredictedOverlap(v.pred[j], a.Keys, a.Now)
 		v.cands[j] = router.Candidate{
 			ID: v.ids[j], Routable: a.Eligible == nil || a.Eligible[j], Events: v.events[j],
-			Overlap: kvroute.Overlap{GPU: v.gpu[j], Any: v.any[j], Approx: v.apx[j]},
+			Overlap: o,
 			Load:    v.load[j],
 		}
 	}
 	out, err := router.Decide(v.cfg, router.Input{
-		Blocks: len(a.Keys), PromptTokens: a.PromptTokens, BlockSize: a.BlockSize,
+		RequestID: strconv.FormatUint(v.count, 10), Keys: a.Keys, Blocks: len(a.Keys), PromptTokens: a.PromptTokens, BlockSize: a.BlockSize,
 		MaxTokens: a.MaxTokens, SessionID: a.SessionID, Counter: v.count, Now: a.Now,
 		Candidates: v.cands,
 	}, v.rng)
@@ -144,6 +169,15 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 	v.load[p].Prefill += float64(out.Lease.PrefillBlocks)
 	v.load[p].Decode += float64(out.Lease.DecodeBlocks)
 	v.load[p].Requests++
+	if out.Predicted {
+		v.counts.Decisions++
+		if out.PredictionChanged {
+			v.counts.Changed++
+		}
+	}
+	if plan := out.Lease.Predict; plan != nil {
+		v.predict(p, out.Lease.RequestID, *plan, a.Now)
+	}
 	if out.RecordApprox {
 		bit := uint64(1) << uint(p)
 		for _, k := range a.Keys {
@@ -153,6 +187,81 @@ func (v *RouterView) Decide(a Ask) (router.Outcome, error) {
 	return out, nil
 }
 
+// predict records a booking's predicted entry on replica p, as
+// store/lua/predict.lua does: expired entries are dropped (counted), the
+// new one is due when p's booked prefill (its own included) has run, and
+// when p holds MaxPredictions the one that expires first makes room.
+func (v *RouterView) predict(p int, owner string, plan kvroute.PredictPlan, now time.Time) {
+	kept := v.pred[p][:0]
+	for _, e := range v.pred[p] {
+		switch {
+		case !now.Before(e.Expires):
+			v.counts.Expired++
+		case e.Owner != owner:
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) >= kvroute.MaxPredictions {
+		first := 0
+		for i, e := range kept {
+			if e.Expires.Before(kept[first].Expires) {
+				first = i
+			}
+		}
+		kept = slices.Delete(kept, first, first+1)
+		v.counts.Expired++
+	}
+	span := int64(v.load[p].Prefill)
+	ready, expires := plan.Timing(now, span)
+	v.pred[p] = append(kept, kvroute.Prediction{Owner: owner, Start: time.UnixMilli(now.UnixMilli()), Ready: ready, Expires: expires, Span: span, Marks: plan.Marks})
+	v.counts.Written++
+}
+
+// endPredictions applies one event batch to replica p's predicted
+// entries, as store/lua/apply.lua does: stored keys that include an
+// entry's end confirm it; removed keys that include any of its marks end
+// it.
+func (v *RouterView) endPredictions(store bool, p int, keys []kvroute.BlockKey) {
+	if len(v.pred[p]) == 0 {
+		return
+	}
+	set := make(map[kvroute.BlockKey]struct{}, len(keys))
+	for _, k := range keys {
+		set[k] = struct{}{}
+	}
+	kept := v.pred[p][:0]
+	for _, e := range v.pred[p] {
+		switch {
+		case store && has(set, e.Marks[len(e.Marks)-1].Key):
+			v.counts.Confirmed++
+		case !store && slices.ContainsFunc(e.Marks, func(m kvroute.Mark) bool { return has(set, m.Key) }):
+			v.counts.Evicted++
+		default:
+			kept = append(kept, e)
+		}
+	}
+	v.pred[p] = kept
+}
+
+func has(set map[kvroute.BlockKey]struct{}, k kvroute.BlockKey) bool {
+	_, ok := set[k]
+	return ok
+}
+
+// Predictions is what became of the predicted entries so far; entries
+// still held that expired by now count as expired.
+func (v *RouterView) Predictions(now time.Time) PredictionCounts {
+	c := v.counts
+	for _, es := range v.pred {
+		for _, e := range es {
+			if !now.Before(e.Expires) {
+				c.Expired++
+			}
+		}
+	}
+	return c
+}
+
 // BestMatch is the most leading keys any replica holds in the index (GPU
 // tier), as a decision would see them now.
 func (v *RouterView) BestMatch(keys []kvroute.BlockKey) int {
@@ -160,9 +269,16 @@ func (v *RouterView) BestMatch(keys []kvroute.BlockKey) int {
 	return slices.Max(v.gpu)
 }
 
-// FirstToken ends the prefill part of a booking on replica p.
-func (v *RouterView) FirstToken(p int, l kvroute.Lease) {
+// FirstToken ends the prefill part of a booking on replica p at now: its
+// predicted entry is due now, if it was not yet (store/lua/advance.lua).
+func (v *RouterView) FirstToken(p int, l kvroute.Lease, now time.Time) {
 	v.load[p].Prefill -= float64(l.PrefillBlocks)
+	ms := time.UnixMilli(now.UnixMilli())
+	for i := range v.pred[p] {
+		if e := &v.pred[p][i]; e.Owner == l.RequestID && ms.Before(e.Ready) {
+			e.Ready = ms
+		}
+	}
 }
 
 // Release ends the rest of a booking on replica p.

@@ -161,7 +161,7 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 				if _, err := rt.FirstToken(ctx, d.RequestID); err != nil {
 					t.Fatalf("first token: %v", err)
 				}
-				view.FirstToken(p, out.Lease)
+				view.FirstToken(p, out.Lease, now)
 				booked = bookedLoads(t, ctx, st, view.IDs())
 			}
 			for i := range n {
