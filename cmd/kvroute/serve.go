@@ -119,6 +119,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.Float64Var(&sc.PrefillLoadScale, "prefill-load-scale", sc.PrefillLoadScale, "weight of the prefill term against the decode term")
 	fs.Float64Var(&sc.DecodeRequestWeight, "decode-request-weight", sc.DecodeRequestWeight, "blocks charged per active request")
 	fs.Float64Var(&sc.HostWeight, "host-weight", sc.HostWeight, "credit of a block cached only in an offload tier, relative to a GPU block (0..1)")
+	addPredictFlags(fs, &sc, &rc)
 	fs.IntVar(&rc.BlockSize, "block-size", rc.BlockSize, "tokens per KV block; must match the replicas' --block-size")
 	fs.DurationVar(&rc.LeaseTTL, "lease-ttl", rc.LeaseTTL, "minimum life of a load booking; the request's predicted duration is added")
 	fs.Uint64Var(&rc.Seed, "seed", rc.Seed, "block-key seed; must be equal on every pod and ingestor sharing a Redis")
@@ -173,8 +174,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	if err := sc.Validate(); err != nil {
 		return cfg, lc, usageError{err}
 	}
-	if rc.BlockSize <= 0 {
-		return cfg, lc, usageError{fmt.Errorf("--block-size must be positive, got %d", rc.BlockSize)}
+	if rc.BlockSize <= 0 || !(rc.PrefillTPS > 0) || rc.PredictGrace < 0 {
+		return cfg, lc, usageError{fmt.Errorf("--block-size and --prefill-tps must be positive and --predict-grace not negative, got %d, %v, %v", rc.BlockSize, rc.PrefillTPS, rc.PredictGrace)}
 	}
 	if err := lc.access.resolve(rc); err != nil {
 		return cfg, lc, usageError{err}
