@@ -253,6 +253,11 @@ type Choice struct {
 	// credit: the request's own prefill owed, plus the part of an
 	// in-flight prefill it would wait for that computes nothing it needs.
 	Floor float64
+	// Held is the leading blocks the replica holds, in GPU-block units
+	// (events, or approximate entries), as scored: a predicted entry the
+	// store finds there when it books, written since the decision's
+	// lookup, is credited beyond them (ChoiceCost.PredictWeight).
+	Held float64
 }
 
 // ChoiceCost is the cost a store evaluates to book the cheapest of
@@ -271,6 +276,12 @@ type ChoiceCost struct {
 	PrefillScale, RequestWeight float64
 	Blocks, Active              float64
 	Bound, Eps                  float64
+	// OverlapCredit and PredictWeight price a predicted entry the store
+	// finds on a choice when it books (written by a booking since the
+	// decision's lookup: a burst's decisions all looked up before any
+	// booked), as scoring prices one a lookup found; PredictWeight 0 (or
+	// a lease that predicts nothing) finds none.
+	OverlapCredit, PredictWeight float64
 }
 
 // OpKind is the kind of one index operation.

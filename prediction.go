@@ -15,15 +15,15 @@ import "time"
 
 // MaxMarks bounds the marks of one prediction, so that a prediction costs
 // the same few bytes whatever the prompt's length.
-const MaxMarks = 12
+const MaxMarks = 14
 
 // MaxPredictions bounds the predicted entries one replica holds: when a
 // booking finds it full, the one that expires first makes room.
 const MaxPredictions = 64
 
-// MarkStride is the spacing of the marks below a prediction's end: a
-// request that shares a predicted chain's first d blocks matches it at the
-// deepest mark at or below d.
+// MarkStride bounds the small marks (the powers of two below it) of a
+// prediction; a request that shares a predicted chain's first d blocks
+// matches it at the deepest mark at or below d.
 const MarkStride = 16
 
 // MaxPredictTTL bounds how long any prediction lives, whatever its
@@ -37,13 +37,14 @@ type Mark struct {
 	Key   BlockKey
 }
 
-// PredictMarks is where a prediction of keys is matched: its end; the
-// multiples of MarkStride below it, the first few MarkStride apart and
-// then twice as far apart each time; and the powers of two below
-// MarkStride, at most MaxMarks in all. Requests that share a context
-// mostly diverge near its end (a fan-out's own instructions, a
-// conversation's next turn), where the marks are dense; the small powers
-// of two catch a short shared system prompt. They are in increasing depth.
+// PredictMarks is where a prediction of keys is matched: its end; then
+// below it, each aligned to its spacing, two marks 4 blocks apart, two 8
+// apart, then one at each doubling (16, 32, …); and 8, 4, 2, 1 below
+// those: at most MaxMarks in all. Requests that share a context mostly part near its
+// end (a fan-out's own instructions, a conversation's next turn), where
+// the marks are dense, so a sibling with a short suffix matches within a
+// few blocks of where they part; the small ones catch a short shared
+// system prompt. They are in increasing depth.
 func PredictMarks(keys []BlockKey) []Mark {
 	n := len(keys)
 	if n == 0 {
@@ -51,13 +52,13 @@ func PredictMarks(keys []BlockKey) []Mark {
 	}
 	const small = 4 // 8, 4, 2, 1
 	depths := []int{n}
-	step := MarkStride
-	for d := (n - 1) / MarkStride * MarkStride; d >= MarkStride && len(depths) < MaxMarks-small; {
+	step := 4
+	for d := (n - 1) / step * step; d > MarkStride/2 && len(depths) < MaxMarks-small; {
 		depths = append(depths, d)
-		if len(depths) > 4 {
+		if len(depths) >= 5 || len(depths)%2 == 1 {
 			step *= 2
 		}
-		d = (d - step) / MarkStride * MarkStride
+		d = (d - 1) / step * step
 	}
 	for d := MarkStride / 2; d >= 1; d /= 2 {
 		if d < depths[len(depths)-1] {

@@ -52,6 +52,7 @@ type metrics struct {
 	// pinIgnored counts data-parallel replicas found ignoring the rank
 	// header (pincheck.go).
 	pinIgnored metric.Int64Counter
+	predicted  metric.Int64Counter
 }
 
 // Histogram bounds, as the Prometheus client histograms had them (the
@@ -107,6 +108,8 @@ func newMetrics(mp metric.MeterProvider, reg Registry) (*metrics, error) {
 		degraded:     counter("kvroute_decisions_degraded_total", "Routing decisions made without the state store or without the prompt's token ids, by reason (the values of X-Kvroute-Degraded-Reason)."),
 		proxied:      counter("kvroute_proxied_requests_total", "Proxied OpenAI requests, by the replica's HTTP status (307: redirected; error: the replica never answered)."),
 		failovers:    counter("kvroute_proxy_failovers_total", "Proxied requests whose replica failed before answering (then marked suspect and, when another was eligible, replaced), by the failed replica."),
+		predicted: counter("kvroute_prediction_decisions_total",
+			"Routing decisions in which some replica's cost counted a predicted entry (another request's prefill in flight there), by whether the pick would have been another without predictions (changed)."),
 		pinIgnored: counter("kvroute_data_parallel_pin_ignored_total",
 			"Data-parallel replicas this pod found ignoring the X-data-parallel-rank header (pinned responses served none of the cache the pinned engine held), by replica; each is then routed as one replica, fleet-wide."),
 	}
@@ -131,6 +134,9 @@ func (m *metrics) observe(ctx context.Context, d router.Decision, p prompt.Resul
 		m.degraded.Add(ctx, 1, label("reason", ReasonStoreUnavailable))
 	}
 	m.byReplica.Add(ctx, 1, label("replica", d.Replica.ID))
+	if d.PredictionCounted {
+		m.predicted.Add(ctx, 1, label("changed", strconv.FormatBool(d.PredictionChanged)))
+	}
 	m.latency.Record(ctx, took.Seconds())
 	if d.PromptBlocks > 0 {
 		m.matched.Record(ctx, float64(min(d.Matched, d.PromptBlocks))/float64(d.PromptBlocks))

@@ -103,8 +103,13 @@ type RouteResponse struct {
 	DataParallelRank *int `json:"data_parallel_rank,omitempty"`
 	// QueuedMS is how long the request waited for admission, in
 	// milliseconds; absent when it was admitted at once.
-	QueuedMS   int64           `json:"queued_ms,omitempty"`
-	Candidates []scoring.Score `json:"candidates,omitempty"`
+	QueuedMS int64 `json:"queued_ms,omitempty"`
+	// PredictedBlocks is the leading blocks the chosen replica is
+	// predicted to hold once the prefill booked there (another request's
+	// in flight) has run, when the decision counted them; absent when it
+	// did not.
+	PredictedBlocks int             `json:"predicted_blocks,omitempty"`
+	Candidates      []scoring.Score `json:"candidates,omitempty"`
 }
 
 // ProgressResponse answers first-token and release. Found is false when
@@ -205,7 +210,7 @@ func routeResponse(d keyed) RouteResponse {
 		Degraded: d.Degraded, Reason: d.Reason, ExpiresAt: d.Expires,
 		Tokenization: string(d.prompt.Source), PromptTokens: d.prompt.PromptTokens,
 		CacheBlind: d.prompt.Blind, Partial: d.prompt.Partial, IndexIncomplete: d.IndexIncomplete,
-		QueuedMS: queuedMS(d.Queued),
+		QueuedMS: queuedMS(d.Queued), PredictedBlocks: d.PredictedBlocks,
 	}
 }
 

@@ -135,4 +135,11 @@ type Decision struct {
 	// Queued is how long the request waited for admission (0: admitted
 	// at once).
 	Queued time.Duration
+	// PredictedBlocks is the leading blocks a predicted entry says the
+	// chosen replica will hold once the prefill booked there has run,
+	// when its cost counted them (0: none). PredictionCounted says some
+	// candidate's cost counted a prediction, PredictionChanged that the
+	// pick would not have been among the cheapest without them.
+	PredictedBlocks                      int
+	PredictionCounted, PredictionChanged bool
 }

@@ -120,11 +120,18 @@ type Config struct {
 // herding batch still spreads (no replica above 27% of requests, 3.7x pure
 // affinity's makespan). Credit 8 starts to herd agentic sessions (TTFT p99
 // 2.1x the best). BENCHMARKS.md and DESIGN.md have the measurements.
+//
+// Predicted entries count at 0.75 of a held block when their prefill
+// starts: with the floor under the adjusted prefill (kvCost) it keeps kv
+// within 1.05x of the best policy's TTFT and 0.95x of its hit rate on the
+// herding and agentic workloads at 4, 8 and 16 replicas, where 0.5 moved
+// conversations off their replica at 16 (hit 0.93x) (DESIGN.md,
+// "Predicted entries").
 func DefaultConfig() Config {
 	c := DynamoConfig()
 	c.OverlapCredit = 4
 	c.PrefillLoadScale = 2
-	c.PredictWeight = 1
+	c.PredictWeight = 0.75
 	return c
 }
 
@@ -235,8 +242,10 @@ type Score struct {
 	GPU     int     `json:"gpu_blocks"`
 	Any     int     `json:"any_blocks"`
 	Approx  int     `json:"approx_blocks"`
-	// Predicted is the leading blocks held or predicted (see Candidate).
+	// Predicted is the leading blocks held or predicted (see Candidate),
+	// Held the held ones in GPU-block units, before any prediction.
 	Predicted int     `json:"predicted_blocks,omitempty"`
+	Held      float64 `json:"held"`
 	Credit    float64 `json:"credit"`
 	// Credited is the prefill blocks the overlap is worth in the cost
 	// (Credit times the held blocks, plus the predicted ones at their
@@ -386,7 +395,7 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 			excess := math.Max(0, c.Load.Prefill-minPrefill) / math.Max(reqBlocks, 1)
 			credit /= 1 + cfg.CreditDecay*excess
 		}
-		matched, credited, excess := creditedBlocks(cfg, c, credit)
+		held, matched, credited, excess := creditedBlocks(cfg, c, credit)
 		owed := PrefillOwed(req.Blocks, matched)
 		floor := float64(owed)
 		if excess > 0 && cfg.PrefillLoadScale > 0 {
@@ -400,7 +409,7 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 		out[i] = Score{
 			ID: c.ID, Eligible: c.Routable, Matched: matched,
 			GPU: c.GPU, Any: c.Any, Approx: c.Approx, Predicted: c.Predicted,
-			Credit: credit, Credited: credited, Owed: owed, Floor: floor,
+			Credit: credit, Credited: credited, Owed: owed, Floor: floor, Held: held,
 			RawPrefill: t.raw, Prefill: t.adjusted, Decode: t.decode, Requests: t.reqs, Cost: t.cost,
 		}
 	}
@@ -424,16 +433,16 @@ func costs(cfg Config, req Request, cands []Candidate, out []Score) {
 // requests: each is worth credit × (PredictWeight + (1−PredictWeight) ×
 // Ready), from PredictWeight of a held block when the prefill starts to a
 // whole one when it is due.
-func creditedBlocks(cfg Config, c Candidate, credit float64) (matched, credited, excess float64) {
+func creditedBlocks(cfg Config, c Candidate, credit float64) (held, matched, credited, excess float64) {
 	any := max(c.Any, c.GPU)
 	events := float64(c.GPU) + cfg.HostWeight*float64(any-c.GPU)
-	held := math.Max(events, cfg.ApproxWeight*float64(c.Approx))
+	held = math.Max(events, cfg.ApproxWeight*float64(c.Approx))
 	if cfg.PredictWeight == 0 || float64(c.Predicted) <= held {
-		return held, float64(credit * held), 0
+		return held, held, float64(credit * held), 0
 	}
 	w := cfg.PredictWeight + float64((1-cfg.PredictWeight)*min(max(c.Ready, 0), 1))
 	extra := float64(c.Predicted) - held
-	return float64(c.Predicted), float64(credit * float64(held+float64(w*extra))), max(0, c.Wait-extra)
+	return held, float64(c.Predicted), float64(credit * float64(held+float64(w*extra))), max(0, c.Wait-extra)
 }
 
 // leastLoaded is the kv cost with no overlap credit.

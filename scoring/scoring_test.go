@@ -280,16 +280,20 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestDefaults pins kvroute's defaults to Dynamo's apart from the two
-// weights measured better on the simulator (see DefaultConfig).
+// TestDefaults pins kvroute's defaults to Dynamo's apart from the three
+// weights measured better on the simulator (see DefaultConfig): credit,
+// scale and the predicted entries Dynamo keeps off by default.
 func TestDefaults(t *testing.T) {
 	got, want := scoring.DefaultConfig(), scoring.DynamoConfig()
 	if got.OverlapCredit != 4 || got.PrefillLoadScale != 2 {
 		t.Errorf("defaults: credit %v, prefill scale %v, want 4, 2", got.OverlapCredit, got.PrefillLoadScale)
 	}
-	want.OverlapCredit, want.PrefillLoadScale = got.OverlapCredit, got.PrefillLoadScale
+	if got.PredictWeight != 0.75 || want.PredictWeight != 0 {
+		t.Errorf("predict weight: default %v, Dynamo's %v, want 0.75 and 0", got.PredictWeight, want.PredictWeight)
+	}
+	want.OverlapCredit, want.PrefillLoadScale, want.PredictWeight = got.OverlapCredit, got.PrefillLoadScale, got.PredictWeight
 	if got != want {
-		t.Errorf("defaults differ from Dynamo's beyond credit and scale:\n got %+v\nwant %+v", got, want)
+		t.Errorf("defaults differ from Dynamo's beyond credit, scale and predictions:\n got %+v\nwant %+v", got, want)
 	}
 	for name, c := range map[string]scoring.Config{"default": scoring.DefaultConfig(), "dynamo": scoring.DynamoConfig()} {
 		if err := c.Validate(); err != nil {

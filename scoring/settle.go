@@ -100,10 +100,11 @@ func Settle(cfg Config, req Request, res Result) (Settlement, bool) {
 	st.Choices = make([]kvroute.Choice, len(st.Cands))
 	for j, i := range st.Cands {
 		s := scores[i]
-		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: s.Owed, Credit: s.Credited, Floor: s.Floor}
+		st.Choices[j] = kvroute.Choice{Replica: s.ID, PrefillBlocks: s.Owed, Credit: s.Credited, Floor: s.Floor, Held: s.Held}
 	}
 	st.Cost = kvroute.ChoiceCost{PrefillScale: cfg.PrefillLoadScale, RequestWeight: cfg.DecodeRequestWeight,
-		Blocks: float64(req.Blocks), Active: req.ActiveBlocks, Bound: bound, Eps: SettleEps}
+		Blocks: float64(req.Blocks), Active: req.ActiveBlocks, Bound: bound, Eps: SettleEps,
+		OverlapCredit: cfg.OverlapCredit, PredictWeight: cfg.PredictWeight}
 	return st, true
 }
 

@@ -44,14 +44,17 @@ func TestSettleable(t *testing.T) {
 func TestSettle(t *testing.T) {
 	cfg := scoring.DefaultConfig()
 	req := scoring.Request{Blocks: 10, ActiveBlocks: 2}
-	// Costs (credit 4, scale 2, decode 2): a 2×(0+10-4×2)+2 = 6, b 2×(1+10)+2 = 24, c 26, d 28, e 30.
+	// Costs (credit 4, scale 2, decode 2): a 2×max(8, 0+10-4×2)+2 = 18
+	// (the credit never forgives a's own 8 blocks), b 2×(1+10)+2 = 24, c
+	// 26, d 28, e 30.
 	cs := []scoring.Candidate{cand("e", 0, 4, 0), cand("b", 0, 1, 0), cand("a", 2, 0, 0), cand("d", 0, 3, 0), cand("c", 0, 2, 0)}
 	res := pick(t, cfg, req, cs)
 	st, ok := scoring.Settle(cfg, req, res)
 	if !ok {
 		t.Fatal("not settled")
 	}
-	want := []kvroute.Choice{{Replica: "a", PrefillBlocks: 8, Credit: 8}, {Replica: "b", PrefillBlocks: 10}, {Replica: "c", PrefillBlocks: 10}, {Replica: "d", PrefillBlocks: 10}}
+	want := []kvroute.Choice{{Replica: "a", PrefillBlocks: 8, Credit: 8, Floor: 8}, {Replica: "b", PrefillBlocks: 10, Floor: 10},
+		{Replica: "c", PrefillBlocks: 10, Floor: 10}, {Replica: "d", PrefillBlocks: 10, Floor: 10}}
 	if len(st.Choices) != len(want) {
 		t.Fatalf("choices = %+v, want %+v", st.Choices, want)
 	}

@@ -65,6 +65,9 @@ type Report struct {
 	// Stickiness is the share of requests with a session predecessor that
 	// went to the replica that served that predecessor.
 	Stickiness float64 `json:"stickiness"`
+	// Predictions is what became of the predicted entries the decisions
+	// wrote (absent when predictions are off).
+	Predictions *PredictionCounts `json:"predictions,omitempty"`
 	// PerReplica holds each replica's totals, in replica order.
 	PerReplica []ReplicaStats `json:"per_replica"`
 	// Admission is what admission did (only when it is active: see
@@ -195,6 +198,9 @@ func (r *run) report() Report {
 	rep.TTFT, rep.E2E, rep.Queue = dist(ttft), dist(e2e), dist(queue)
 	span := end - start
 	rep.MakespanS = round(span.Seconds(), 6)
+	if c := r.view.Predictions(time.Time{}.Add(r.now)); c != (PredictionCounts{}) {
+		rep.Predictions = &c
+	}
 	if r.sticky[1] > 0 {
 		rep.Stickiness = round(float64(r.sticky[0])/float64(r.sticky[1]), 6)
 	}

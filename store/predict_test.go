@@ -103,8 +103,8 @@ func TestPredictions(t *testing.T) {
 				t.Fatal(err)
 			}
 			d, r, w := kvroute.PredictedOverlap(predictions(t, e, "a"), ask, e.clk.Now())
-			if d != 32 || ov[0].Predicted != d || ov[0].Ready != r || ov[0].Wait != w {
-				t.Errorf("lookup: got %d blocks (progress %v, wait %v), want %d (%v, %v) and 32", ov[0].Predicted, ov[0].Ready, ov[0].Wait, d, r, w)
+			if d != 36 || ov[0].Predicted != d || ov[0].Ready != r || ov[0].Wait != w {
+				t.Errorf("lookup: got %d blocks (progress %v, wait %v), want %d (%v, %v) and 36", ov[0].Predicted, ov[0].Ready, ov[0].Wait, d, r, w)
 			}
 			if ov[1].Predicted != 0 {
 				t.Errorf("replica b: got %d predicted blocks, want 0", ov[1].Predicted)
@@ -182,6 +182,63 @@ func TestPredictions(t *testing.T) {
 				}
 			}
 		})
+	})
+}
+
+// TestBurstFindsPredictions: decisions that looked up together, before
+// any booked, still land on the replica the first of them booked: the
+// booking finds its prediction there and credits it, as a lookup would
+// have.
+func TestBurstFindsPredictions(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		shared := chain(rand.New(rand.NewPCG(5, 6)), 124)
+		exp := e.clk.Now().Add(time.Minute)
+		// As every decision of the burst scored it: nothing cached
+		// anywhere, so each owes its whole prompt of 127 blocks.
+		const blocks = 127
+		cost := kvroute.ChoiceCost{PrefillScale: 2, Blocks: blocks, Active: 1, Bound: 1e18, Eps: 1e-9, OverlapCredit: 4, PredictWeight: 0.75}
+		choices := []kvroute.Choice{{Replica: "a", PrefillBlocks: blocks, Floor: blocks}, {Replica: "b", PrefillBlocks: blocks, Floor: blocks},
+			{Replica: "c", PrefillBlocks: blocks, Floor: blocks}}
+		for _, weight := range []float64{0.75, 0} {
+			name := "predictions on"
+			if weight == 0 {
+				name = "predictions off"
+			}
+			t.Run(name, func(t *testing.T) {
+				cost.PredictWeight = weight
+				got := map[string]int{}
+				for i := range 8 {
+					own := chain(rand.New(rand.NewPCG(uint64(i), 9)), 3)
+					keys := append(append([]kvroute.BlockKey(nil), shared...), own...)
+					l := lease(name+strconv.Itoa(i), "", blocks, 1, exp)
+					l.Predict = plan(keys)
+					j, _, err := e.s.ReserveBest(ctx, l, choices, cost)
+					if err != nil {
+						t.Fatal(err)
+					}
+					got[choices[j].Replica]++
+				}
+				switch {
+				case weight > 0 && got["a"] != 8:
+					t.Errorf("placed %v, want all 8 on a (the first booking's replica)", got)
+				case weight == 0 && (got["a"] == 8 || got["b"] == 0):
+					t.Errorf("placed %v, want them spread by load", got)
+				}
+				// The later bookings owe only what the first does not
+				// compute for them.
+				if weight > 0 {
+					if l := loadOf(t, e, "a"); l.PrefillBlocks >= 2*blocks {
+						t.Errorf("a's booked prefill %d, want the first's %d and a few blocks a booking", l.PrefillBlocks, blocks)
+					}
+				}
+			})
+			for _, r := range []string{"a", "b", "c"} {
+				if _, err := e.rc.HDel(ctx, "kvr:{m:"+mdl+"}:load", r, r+"#p").Result(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	})
 }
 

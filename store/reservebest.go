@@ -43,12 +43,13 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	}
 	// The cost's constants, in the order reservebest.lua's cost function
 	// reads them (a settled cost term's weight joins them here).
-	args := make([]any, 0, 16+4*len(choices))
+	args := make([]any, 0, 18+5*len(choices))
 	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
 		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil, s.admitArg(lease))
 	args = append(args, s.predictArgs(lease)...)
+	args = append(args, num(cost.OverlapCredit), num(cost.PredictWeight))
 	for _, c := range choices {
-		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit), num(c.Floor))
+		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit), num(c.Floor), num(c.Held))
 	}
 	v, err := s.evalBooking(ctx, lease.Model, scriptReserveBest, args, 9)
 	if err != nil {

@@ -29,7 +29,10 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	st, err := store.Open(ctx, redistest.Server(t), store.Options{})
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	// The store dates predicted entries and reads their progress by its
+	// clock, the simulator by the decisions' Now: one clock for both.
+	st, err := store.Open(ctx, redistest.Server(t), store.Options{Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatalf("store: %v", err)
 	}
@@ -40,7 +43,6 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 	cfg.Seed = seed
 	cfg.Scoring.ApproxWeight = 0.5
 	cfg.Scoring.HostWeight = 0.75
-	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	ids := 0
 	rt, err := router.New(st, st, cfg, router.Options{
 		Now:  func() time.Time { return now },
@@ -173,7 +175,7 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 		})
 	}
 	// The sequence must have exercised what it claims to.
-	var host, approx bool
+	var host, approx, predicted bool
 	d, err := rt.Route(ctx, router.Request{Model: model, Tokens: a, MaxTokens: 1, Policy: scoring.PolicyKV})
 	if err != nil {
 		t.Fatal(err)
@@ -181,9 +183,10 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 	for _, c := range d.Candidates {
 		host = host || c.Any > c.GPU
 		approx = approx || c.Approx > 0
+		predicted = predicted || c.Predicted > c.GPU
 	}
-	if !host || !approx {
-		t.Errorf("scenario lost its point: host-tier overlap %v, approximate overlap %v", host, approx)
+	if !host || !approx || !predicted {
+		t.Errorf("scenario lost its point: host-tier overlap %v, approximate overlap %v, predicted overlap %v", host, approx, predicted)
 	}
 }
 

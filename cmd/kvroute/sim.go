@@ -51,6 +51,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		asJSON    = fs.Bool("json", false, "print JSON instead of a table")
 		svgPath   = fs.String("svg", "", "write the chart (hit rate against TTFT p99, load per replica over time) to `file`; none unless given")
 		sweep     = fs.Bool("sweep", false, "sweep kv weights and report the best by --objective")
+		predict   = fs.Bool("predict", true, "let bookings write predicted entries and the kv cost count them (false: predict_weight=0, as before predictions)")
 		objective = fs.String("objective", "ttft_p99", "sweep objective: ttft_p99, ttft_p50, e2e_p99, makespan")
 		top       = fs.Int("top", 10, "sweep rows to print")
 		prioShare = fs.String("priority-share", "", "tag a seeded fraction `F[:P]` of the requests with priority P (default -1, the rest 0); a trace's own priority fields win")
@@ -114,6 +115,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	base, err := sim.ParseWeights(scoring.DefaultConfig(), *weights)
 	if err != nil {
 		return err
+	}
+	if !*predict {
+		base.PredictWeight = 0
 	}
 	pols, err := sim.ParsePolicies(*policies)
 	if err != nil {

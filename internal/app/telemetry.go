@@ -72,7 +72,11 @@ func (a *App) observeRouter() error {
 
 // countStoreErrors counts the store's failed Redis commands on the App's
 // meter provider (kvroute_redis_errors_total).
-func (a *App) countStoreErrors() error { return a.Store.CountErrors(a.tel.MeterProvider) }
+// It counts the predicted entries this pod's bookings write and end too
+// (kvroute_predictions_total).
+func (a *App) countStoreErrors() error {
+	return errors.Join(a.Store.CountErrors(a.tel.MeterProvider), a.Store.CountPredictions(a.tel.MeterProvider))
+}
 
 // shutdownTelemetry flushes the spans still batched.
 func (a *App) shutdownTelemetry() error {
@@ -94,5 +98,5 @@ func ingestTelemetry(st *store.Store, reg prometheus.Registerer) (metric.MeterPr
 	if err != nil {
 		return nil, err
 	}
-	return mp, st.CountErrors(mp)
+	return mp, errors.Join(st.CountErrors(mp), st.CountPredictions(mp))
 }

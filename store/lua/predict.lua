@@ -101,6 +101,47 @@ local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, m
   return expired
 end
 
+-- predictFound is, per replica of reps, the deepest live prediction there
+-- that shares a mark (depth and key) with marks (a request's, 11 bytes
+-- each), as {depth, progress, wait} (kvroute.PredictedOverlap over the
+-- marks both have), or nil: what a booking finds that its caller's lookup
+-- may have missed.
+local function predictFound(LOAD, reps, marks, now)
+  local want = {}
+  for m = 1, #marks, 11 do want[psub(marks, m, m + 10)] = pnum(marks, m, 3) end
+  local fields = {}
+  for j = 1, #reps do fields[j] = reps[j] .. '#p' end
+  local vals = redis.call('HMGET', LOAD, unpack(fields))
+  local out = {}
+  for j = 1, #reps do
+    if vals[j] then
+      local best
+      for _, r in ipairs(pdecode(vals[j])) do
+        if r.exp > now then
+          local d = 0
+          for m = 1, #r.marks, 11 do
+            local x = want[psub(r.marks, m, m + 10)]
+            if x and x > d then d = x end
+          end
+          if d > 0 then
+            local prog = 1
+            if r.due > r.start and now < r.due then
+              prog = 0
+              if now > r.start then prog = (now - r.start) / (r.due - r.start) end
+            end
+            local w = (1 - prog) * r.span
+            if not best or d > best.depth or (d == best.depth and w < best.wait) then
+              best = {depth = d, progress = prog, wait = w}
+            end
+          end
+        end
+      end
+      out[j] = best
+    end
+  end
+  return out
+end
+
 -- predictEnd applies an event batch to R's records: a record whose
 -- deepest mark is among stored (a set of router keys stored on GPU) is
 -- confirmed, one with any mark among removed is evicted, and clear ends

@@ -10,11 +10,14 @@
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
 --        request blocks, active blocks, bound, eps, not_after_ms, admit,
 --        the prediction (now ms, µs a block, grace ms, longest due ms,
---        marks: 11 bytes each; no marks: none), then per choice: replica,
---        prefill, credit, floor
+--        marks: 11 bytes each; no marks: none), overlap credit, predict
+--        weight, then per choice: replica, prefill, credit, floor, held
 -- A booking with marks also records the prediction on the replica it
 -- books (predict.lua), due when that replica's booked prefill, its own
--- included, has run.
+-- included, has run. It first credits each choice with a prediction
+-- written there since the caller's lookup (predictFound: a burst's
+-- decisions all look up before any books), when that is worth more than
+-- what the caller scored.
 -- admit ('1:<now ms>': under admission by the caller's clock, admit.lua, prepended) books only a choice
 -- with room and only when nothing is queued before the request, unless
 -- the request holds a seat, which the booking then takes.
@@ -36,12 +39,12 @@ local late = tonumber(ARGV[10])
 local admit = string.sub(ARGV[11], 1, 2) == '1:'
 if admit then NOW = tonumber(string.sub(ARGV[11], 3)) end
 -- head is how many ARGV come before the choices: choice j's replica,
--- prefill, credit and floor are ARGV[head + 4j - 3 .. head + 4j]; the
--- prediction's five are the last before them. A settled cost term's
--- weight goes after admit, before the prediction, and head (with the
--- prediction's indices) grows by one.
-local head = 16
-local W = 4
+-- prefill, credit, floor and held are ARGV[head + 5j - 4 .. head + 5j];
+-- the prediction's five and its two weights are the last before them. A
+-- settled cost term's weight goes after admit, before the prediction, and
+-- head (with the prediction's indices) grows by one.
+local head = 18
+local W = 5
 if late > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
@@ -51,7 +54,7 @@ local n = (#ARGV - head) / W
 local scraped = weight ~= 0
 local fields = {}
 for j = 1, n do
-  local R = ARGV[head + W * j - 3]
+  local R = ARGV[head + W * j - 4]
   if scraped then
     fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
   else
@@ -79,9 +82,40 @@ local body = not seat and redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
-    if ARGV[head + W * j - 3] == R then return reply(2, j) end
+    if ARGV[head + W * j - 4] == R then return reply(2, j) end
   end
   return reply(2, 0)
+end
+-- Each choice's prefill owed, credit and floor: as the caller scored
+-- them, or as a prediction found now prices them.
+local cpre, ccredit, cfloor = {}, {}, {}
+for j = 1, n do
+  cpre[j] = tonumber(ARGV[head + W * j - 3])
+  ccredit[j] = tonumber(ARGV[head + W * j - 2])
+  cfloor[j] = tonumber(ARGV[head + W * j - 1])
+end
+local pw = tonumber(ARGV[18])
+if ARGV[16] ~= '' and pw > 0 then
+  local reps = {}
+  for j = 1, n do reps[j] = ARGV[head + W * j - 4] end
+  local found = predictFound(KEYS[1], reps, ARGV[16], tonumber(ARGV[12]))
+  local credit = tonumber(ARGV[17])
+  for j = 1, n do
+    local f = found[j]
+    local held = tonumber(ARGV[head + W * j])
+    if f and f.depth > held then
+      -- scoring's creditedBlocks, for a prediction the lookup missed.
+      local w = pw + (1 - pw) * f.progress
+      local extra = f.depth - held
+      local cr = credit * (held + w * extra)
+      if cr > ccredit[j] then
+        local owed = math.max(blocks - f.depth, 0)
+        local fl = owed
+        if f.wait > extra and scale > 0 then fl = owed + (f.wait - extra) / scale end
+        cpre[j], ccredit[j], cfloor[j] = owed, cr, fl
+      end
+    end
+  end
 end
 -- cost is choice j's kv cost at its booked load p, d, q: scoring.ChoiceCostAt
 -- (scoring/settle.go) operation by operation, requests counted as
@@ -96,8 +130,8 @@ local function cost(j, p, d, q)
     local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
     if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
   end
-  local adj = (p + blocks) - tonumber(ARGV[head + W * j - 1])
-  local floor = tonumber(ARGV[head + W * j])
+  local adj = (p + blocks) - ccredit[j]
+  local floor = cfloor[j]
   if adj < floor then adj = floor end
   return scale * adj + (d + active) + weight * reqs
 end
@@ -107,7 +141,7 @@ if admit then
   if mustQueue(seat) then return {4, 0} end
   local reps, pairs2 = {}, {}
   for j = 1, n do
-    reps[j] = ARGV[head + W * j - 3]
+    reps[j] = ARGV[head + W * j - 4]
     pairs2[2 * j - 1] = booked(j)
     pairs2[2 * j] = scraped and cur[2 * j]
   end
@@ -132,7 +166,7 @@ for j = 1, n do
 end
 if best == nil then return reply(5, 0) end
 if not (bestCost < bound - eps) then return reply(0, 0) end
-local R, pre = ARGV[head + W * best - 3], tonumber(ARGV[head + W * best - 2])
+local R, pre = ARGV[head + W * best - 4], cpre[best]
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
 if seat then value = takeSeat(seat, R, value) end

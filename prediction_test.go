@@ -1,0 +1,152 @@
+package kvroute_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+func keysN(n int) []kvroute.BlockKey {
+	k := make([]kvroute.BlockKey, n)
+	for i := range k {
+		k[i] = kvroute.BlockKey(1000 + i)
+	}
+	return k
+}
+
+func depths(m []kvroute.Mark) []int {
+	out := make([]int, len(m))
+	for i, x := range m {
+		out[i] = x.Depth
+	}
+	return out
+}
+
+func TestPredictMarks(t *testing.T) {
+	tests := []struct {
+		name string
+		n    int
+		want []int
+	}{
+		{"none", 0, []int{}},
+		{"one block", 1, []int{1}},
+		{"short", 13, []int{1, 2, 4, 8, 13}},
+		{"a stride", 16, []int{1, 2, 4, 8, 16}},
+		{"2,000 tokens", 127, []int{1, 2, 4, 8, 32, 64, 80, 96, 112, 127}},
+		{"long", 2048, []int{1, 2, 4, 8, 1760, 1888, 1952, 1984, 2000, 2016, 2032, 2048}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			keys := keysN(tc.n)
+			m := kvroute.PredictMarks(keys)
+			if got := depths(m); len(got) != len(tc.want) || (len(got) > 0 && !equal(got, tc.want)) {
+				t.Fatalf("marks at %v, want %v", got, tc.want)
+			}
+			if len(m) > kvroute.MaxMarks {
+				t.Errorf("%d marks, want at most %d", len(m), kvroute.MaxMarks)
+			}
+			for _, x := range m {
+				if x.Key != keys[x.Depth-1] {
+					t.Errorf("mark at %d names key %v, want %v", x.Depth, x.Key, keys[x.Depth-1])
+				}
+			}
+		})
+	}
+}
+
+func equal(a, b []int) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return len(a) == len(b)
+}
+
+func TestPredictionDepth(t *testing.T) {
+	chain := keysN(127)
+	p := kvroute.Prediction{Marks: kvroute.PredictMarks(chain)}
+	fork := append(append([]kvroute.BlockKey(nil), chain[:100]...), 7, 8, 9)
+	tests := []struct {
+		name string
+		keys []kvroute.BlockKey
+		want int
+	}{
+		{"the chain itself", chain, 127},
+		{"its next turn", append(append([]kvroute.BlockKey(nil), chain...), 1, 2), 127},
+		{"a sibling parting at 100: the mark below", fork, 96},
+		{"a shorter prefix", chain[:40], 32},
+		{"nothing shared", []kvroute.BlockKey{1, 2, 3}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.Depth(tc.keys); got != tc.want {
+				t.Errorf("got %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPredictPlanTiming(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	tests := []struct {
+		name          string
+		plan          kvroute.PredictPlan
+		span          int64
+		ready, expire int64 // ms after now
+	}{
+		{"due after the span", kvroute.PredictPlan{PerBlock: 8 * time.Millisecond, Grace: 2 * time.Second}, 100, 800, 2800},
+		{"sub-millisecond blocks round down", kvroute.PredictPlan{PerBlock: 1500 * time.Microsecond, Grace: time.Second}, 3, 4, 1004},
+		{"capped at the longest life", kvroute.PredictPlan{PerBlock: time.Second, Grace: 2 * time.Second}, 1000, 28000, 30000},
+		{"a grace past the longest life", kvroute.PredictPlan{PerBlock: time.Millisecond, Grace: time.Hour}, 10, 0, 30000},
+		{"no span", kvroute.PredictPlan{PerBlock: time.Millisecond, Grace: time.Second}, 0, 0, 1000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, e := tc.plan.Timing(now, tc.span)
+			if got := r.Sub(now).Milliseconds(); got != tc.ready {
+				t.Errorf("due after %d ms, want %d", got, tc.ready)
+			}
+			if got := e.Sub(now).Milliseconds(); got != tc.expire {
+				t.Errorf("expires after %d ms, want %d", got, tc.expire)
+			}
+		})
+	}
+}
+
+func TestPredictedOverlap(t *testing.T) {
+	t0 := time.UnixMilli(5_000)
+	chain := keysN(64)
+	mk := func(owner string, start, ready, exp int64, span int64, keys []kvroute.BlockKey) kvroute.Prediction {
+		return kvroute.Prediction{Owner: owner, Start: t0.Add(time.Duration(start) * time.Millisecond),
+			Ready: t0.Add(time.Duration(ready) * time.Millisecond), Expires: t0.Add(time.Duration(exp) * time.Millisecond),
+			Span: span, Marks: kvroute.PredictMarks(keys)}
+	}
+	first := mk("a", 0, 100, 2100, 64, chain)
+	second := mk("b", 0, 200, 2200, 128, chain)
+	short := mk("c", 0, 50, 2050, 16, chain[:16])
+	tests := []struct {
+		name               string
+		preds              []kvroute.Prediction
+		at                 int64
+		depth              int
+		progress, waitLeft float64
+	}{
+		{"none", nil, 0, 0, 0, 0},
+		{"booked just now", []kvroute.Prediction{first}, 0, 64, 0, 64},
+		{"half way", []kvroute.Prediction{first}, 50, 64, 0.5, 32},
+		{"due", []kvroute.Prediction{first}, 150, 64, 1, 0},
+		{"expired", []kvroute.Prediction{first}, 2100, 0, 0, 0},
+		{"the deepest counts", []kvroute.Prediction{short, second}, 0, 64, 0, 128},
+		{"of one depth, the least wait", []kvroute.Prediction{second, first}, 0, 64, 0, 64},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, r, w := kvroute.PredictedOverlap(tc.preds, chain, t0.Add(time.Duration(tc.at)*time.Millisecond))
+			if d != tc.depth || r != tc.progress || w != tc.waitLeft {
+				t.Errorf("got depth %d progress %v wait %v, want %d %v %v", d, r, w, tc.depth, tc.progress, tc.waitLeft)
+			}
+		})
+	}
+}
