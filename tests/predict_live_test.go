@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -320,8 +321,14 @@ func (f *liveFleet) complete(base, body string) liveServed {
 // compute it. The same burst (a fresh context, so cold) sent to one pod
 // must place alike: as many replicas computing, and the busiest replica's
 // count within ±10% of the three-pod burst's — pods share one view.
-// The subtest predictions=off (--predict-weight=0) only logs.
+// The subtest predictions=off (--predict-weight=0) only logs. The pods
+// read KVROUTE_PREDICT_WEIGHT from the environment they inherit, as
+// --predict-weight: set when the test runs, it is the weight of
+// predictions=on.
 func TestBurstSharedContextLive(t *testing.T) {
+	if w := os.Getenv("KVROUTE_PREDICT_WEIGHT"); w != "" {
+		t.Logf("KVROUTE_PREDICT_WEIGHT=%s: predictions=on runs at that weight", w)
+	}
 	for _, v := range []struct {
 		name   string
 		args   []string
