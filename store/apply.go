@@ -64,6 +64,7 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 		}
 		if v[0] >= 0 {
+			s.countApplied(ctx, v)
 			return applyResult(v), nil
 		}
 		// The slot moved or the chains are not fresh: nothing was
@@ -112,13 +113,23 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 	if err != nil {
 		return kvroute.ApplyResult{}, wrap("apply", err)
 	}
-	if len(v) != 4 && len(v) != 5 {
+	if len(v) != 4 && len(v) != 5 && len(v) != 7 {
 		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 	}
-	if len(v) == 5 && v[4] >= 0 {
+	if len(v) >= 5 && v[4] >= 0 {
 		s.slots.Store(ck, int(v[4]))
 	}
+	s.countApplied(ctx, v)
 	return applyResult(v), nil
+}
+
+// countApplied counts the predictions an applied batch confirmed and
+// ended (the reply's sixth and seventh values).
+func (s *Store) countApplied(ctx context.Context, v []int64) {
+	if len(v) >= 7 {
+		s.countPredictions(ctx, PredictConfirmed, v[5])
+		s.countPredictions(ctx, PredictEvicted, v[6])
+	}
 }
 
 // applyResult reads apply.lua's and applyfast.lua's reply: status 1

@@ -65,6 +65,7 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	args := []any{lease.RequestID, lease.Replica,
 		strconv.FormatInt(lease.PrefillBlocks, 10), strconv.FormatInt(lease.DecodeBlocks, 10),
 		strconv.FormatInt(ms(lease.Expires), 10), strconv.FormatInt(ifVersion, 10), nil, s.admitArg(lease)}
+	args = append(args, s.predictArgs(lease)...)
 	if within != nil {
 		args = append(args, strconv.FormatInt(within.PrefillBlocks, 10),
 			strconv.FormatInt(within.DecodeBlocks, 10), strconv.FormatInt(within.Requests, 10))
@@ -92,7 +93,19 @@ func (s *Store) reserve(ctx context.Context, lease kvroute.Lease, ifVersion int6
 	if cur, err = parseLoad(booked1, scraped); err != nil {
 		return false, cur, fmt.Errorf("store: reserve: %w", err)
 	}
+	if asInt(v[0]) == 1 && len(v) > 3 {
+		s.countBooked(ctx, lease, asInt(v[3]))
+	}
 	return asInt(v[0]) != 0, cur, nil
+}
+
+// countBooked counts a booking's prediction (written, when it carried
+// one) and the expired ones its script dropped.
+func (s *Store) countBooked(ctx context.Context, lease kvroute.Lease, expired int) {
+	if lease.Predict != nil && len(lease.Predict.Marks) > 0 {
+		s.countPredictions(ctx, PredictWritten, 1)
+	}
+	s.countPredictions(ctx, PredictExpired, int64(expired))
 }
 
 // Advance marks the request's first token: its prefill blocks are released,
@@ -114,11 +127,15 @@ func (s *Store) unbook(ctx context.Context, op string, sc *redis.Script, id stri
 	if !ok {
 		return false, nil // not one of ours: no lease was booked under it
 	}
-	n, err := s.evalBatched(ctx, model, sc, leaseKeys(model), id, s.nowMs()).Int()
+	v, err := s.evalBatched(ctx, model, sc, leaseKeys(model), id, s.nowMs()).Slice()
 	if err != nil {
 		return false, wrap(op, err)
 	}
-	return n == 1, nil
+	if len(v) != 2 {
+		return false, fmt.Errorf("store: %s: unexpected reply %v", op, v)
+	}
+	s.countPredictions(ctx, PredictWithdrawn, int64(asInt(v[1])))
+	return asInt(v[0]) == 1, nil
 }
 
 // SweepExpired releases the model's leases whose expiry is before Now: the
@@ -133,9 +150,10 @@ func (s *Store) SweepExpired(ctx context.Context, model string) (int, error) {
 		if err != nil {
 			return total, wrap("sweep", err)
 		}
-		if len(v) != 2 {
+		if len(v) != 3 {
 			return total, fmt.Errorf("store: sweep: unexpected reply %v", v)
 		}
+		s.countPredictions(ctx, PredictWithdrawn, int64(asInt(v[2])))
 		seen := asInt(v[0])
 		done, _ := v[1].([]any)
 		ids := make([]string, 0, len(done))

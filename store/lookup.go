@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/redis/go-redis/v9"
@@ -86,18 +87,35 @@ func (s *Store) lookup(ctx context.Context, model string, keys []kvroute.BlockKe
 	case cached && g != gen:
 		return nil, nil, true, nil
 	case !cached:
-		slots = lv[2*n : 3*n]
+		slots = lv[3*n : 4*n]
 		s.slotc.put(model, replicas, slots, g, now)
 	}
 	ov, loads, err = decodeLookup(segs, asegs, lv[:2*n], slots, replicas)
+	if err == nil {
+		predictedOverlaps(ov, lv[2*n:3*n], keys, now)
+	}
 	return ov, loads, false, err
 }
 
+// predictedOverlaps fills each candidate's predicted overlap from its
+// "<replica>#p" field as read (kvroute.PredictedOverlap at now).
+func predictedOverlaps(ov []kvroute.Overlap, fields []any, keys []kvroute.BlockKey, now time.Time) {
+	for i, f := range fields {
+		if str, ok := f.(string); ok && str != "" {
+			ov[i].Predicted, ov[i].Ready, ov[i].Wait = kvroute.PredictedOverlap(decodePredictions(str), keys, now)
+		}
+	}
+}
+
 // loadFields are the load hash fields a lookup reads: every replica's
-// booked and scraped load, then (unless the slots are cached) every
-// replica's slot, then '#g', which says whether cached slots still hold.
+// booked and scraped load, then every replica's predicted entries
+// (predict.go), then (unless the slots are cached) every replica's slot,
+// then '#g', which says whether cached slots still hold.
 func loadFields(replicas []string, cachedSlots bool) []string {
-	fields := loadPairs(replicas, len(replicas)+1)
+	fields := loadPairs(replicas, 2*len(replicas)+1)
+	for _, r := range replicas {
+		fields = append(fields, r+"#p")
+	}
 	if !cachedSlots {
 		for _, r := range replicas {
 			fields = append(fields, r+"#i")

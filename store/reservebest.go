@@ -43,11 +43,12 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	}
 	// The cost's constants, in the order reservebest.lua's cost function
 	// reads them (a settled cost term's weight joins them here).
-	args := make([]any, 0, 10+3*len(choices))
+	args := make([]any, 0, 16+4*len(choices))
 	args = append(args, lease.RequestID, strconv.FormatInt(lease.DecodeBlocks, 10), strconv.FormatInt(ms(lease.Expires), 10),
 		num(cost.PrefillScale), num(cost.RequestWeight), num(cost.Blocks), num(cost.Active), num(cost.Bound), num(cost.Eps), nil, s.admitArg(lease))
+	args = append(args, s.predictArgs(lease)...)
 	for _, c := range choices {
-		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit))
+		args = append(args, c.Replica, strconv.FormatInt(c.PrefillBlocks, 10), num(c.Credit), num(c.Floor))
 	}
 	v, err := s.evalBooking(ctx, lease.Model, scriptReserveBest, args, 9)
 	if err != nil {
@@ -59,10 +60,14 @@ func (s *Store) ReserveBest(ctx context.Context, lease kvroute.Lease, choices []
 	if len(v) >= 1 && asInt(v[0]) == statusQueue {
 		return -1, nil, fmt.Errorf("store: reserve: %w", kvroute.ErrNoRoom)
 	}
-	if len(v) == 2 && asInt(v[0]) != 0 && asInt(v[1]) == 1 {
+	// The last value is the expired predictions the booking dropped.
+	if len(v) >= 3 && asInt(v[0]) == 1 {
+		s.countBooked(ctx, lease, asInt(v[len(v)-1]))
+	}
+	if len(v) == 3 && asInt(v[0]) != 0 && asInt(v[1]) == 1 {
 		return 0, nil, nil // the caller's own pick, as it scored it
 	}
-	if len(v) != 2+2*len(choices) {
+	if len(v) != 3+2*len(choices) {
 		return -1, nil, fmt.Errorf("store: reserve: unexpected reply of %d values", len(v))
 	}
 	loads := make([]kvroute.Load, len(choices))

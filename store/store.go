@@ -56,11 +56,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // DefaultApproxTTL is how long an approximate entry is trusted: long enough
@@ -115,6 +117,9 @@ type Store struct {
 	reads replicaReads
 	// late limits when a booking may still be made (late.go).
 	late lateClock
+	// predCount counts predicted entries' outcomes (CountPredictions);
+	// nil counts nothing.
+	predCount atomic.Pointer[metric.Int64Counter]
 }
 
 // New returns a Store over c. The Store owns c: Close closes it.
@@ -213,22 +218,22 @@ func luaSrc(names ...string) string {
 // The scripts are run by EVALSHA; go-redis falls back to EVAL (which caches
 // the script again) when a restarted or flushed server answers NOSCRIPT.
 var (
-	scriptApply       = redis.NewScript(luaSrc("lib", "apply"))
-	scriptApplyF      = redis.NewScript(luaSrc("applyfast"))
+	scriptApply       = redis.NewScript(luaSrc("lib", "predict", "apply"))
+	scriptApplyF      = redis.NewScript(luaSrc("predict", "applyfast"))
 	scriptSlot        = redis.NewScript(luaSrc("lib", "slot"))
 	scriptReset       = redis.NewScript(luaSrc("lib", "reset"))
 	scriptPurge       = redis.NewScript(luaSrc("lib", "purge"))
 	scriptLookup      = redis.NewScript(luaSrc("lookup"))
 	scriptApprox      = redis.NewScript(luaSrc("lib", "approx"))
 	scriptSweepAx     = redis.NewScript(luaSrc("sweepapprox"))
-	scriptReserve     = redis.NewScript(luaSrc("admit", "reserve"))
-	scriptReserveBest = redis.NewScript(luaSrc("admit", "reservebest"))
-	scriptAdvance     = redis.NewScript(luaSrc("admit", "lease", "advance"))
-	scriptRelease     = redis.NewScript(luaSrc("admit", "lease", "release"))
-	scriptSweep       = redis.NewScript(luaSrc("admit", "lease", "sweep"))
+	scriptReserve     = redis.NewScript(luaSrc("admit", "predict", "reserve"))
+	scriptReserveBest = redis.NewScript(luaSrc("admit", "predict", "reservebest"))
+	scriptAdvance     = redis.NewScript(luaSrc("admit", "predict", "lease", "advance"))
+	scriptRelease     = redis.NewScript(luaSrc("admit", "predict", "lease", "release"))
+	scriptSweep       = redis.NewScript(luaSrc("admit", "predict", "lease", "sweep"))
 	scriptEnqueue     = redis.NewScript(luaSrc("admit", "enqueue"))
-	scriptDequeue     = redis.NewScript(luaSrc("admit", "lease", "dequeue"))
-	scriptKick        = redis.NewScript(luaSrc("admit", "lease", "kick"))
+	scriptDequeue     = redis.NewScript(luaSrc("admit", "predict", "lease", "dequeue"))
+	scriptKick        = redis.NewScript(luaSrc("admit", "predict", "lease", "kick"))
 	scriptAcquire     = redis.NewScript(luaSrc("acquire"))
 	scriptDisown      = redis.NewScript(luaSrc("disown"))
 )

@@ -6,9 +6,12 @@
 --        kind S|R|C, tier 0 GPU | 1 host), then for the n ops: n engine
 --        hashes, n keys, n parent keys (8 big-endian bytes each; zero key: no
 --        parent; empty where the kind has none).
--- Returns {applied, stored, removed, unknown, R's slot or -1} (Go caches the
--- slot for applyfast.lua); applied is 0 (stale), 1, or 2 (applied, and R had
--- no applied seq before). A batch whose seq (a run whose first seq) is not
+-- Returns {applied, stored, removed, unknown, R's slot or -1, predictions
+-- confirmed, predictions evicted} (Go caches the slot for applyfast.lua);
+-- applied is 0 (stale), 1, or 2 (applied, and R had no applied seq
+-- before). A GPU store of a predicted chain's end confirms R's prediction
+-- (predict.lua, prepended), a GPU removal of any of its marks or a clear
+-- ends it. A batch whose seq (a run whose first seq) is not
 -- newer than the applied seq changes nothing, so redelivery is harmless.
 --
 -- R's engine-hash map P..'r:'..R..':e2r' maps engine hash (8 bytes, as
@@ -234,10 +237,12 @@ local function holdings(x)
   drop(x.k)
 end
 
+local pst, prm = {}, {}
 for i = 1, nops do
   local kind, tier = byte(kinds, 2 * i - 1, 2 * i)
   local eh = ARGV[EH0 + i]
   local isfast = false
+  if kind == 83 and tier == 0 then pst[ARGV[K0 + i]] = true end
   if kind == 83 then -- 'S'
     local key, par = ARGV[K0 + i], ARGV[P0 + i]
     if ec[eh] == nil and evals[i] == false and bc[key] == nil and bvals[i] == false then
@@ -305,6 +310,7 @@ for i = 1, nops do
     if not x or (tier == 0 and x.g == 0) or (tier ~= 0 and x.h == 0) then
       unknown = unknown + 1
     else
+      if tier == 0 then prm[x.k] = true end
       if tier == 0 then x.g = x.g - 1 else x.h = x.h - 1 end
       removed = removed + 1
       emark(eh)
@@ -342,4 +348,5 @@ eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', held)
 if applied == 2 then redis.call('HSET', meta, 'from', ARGV[4]) end
-return {applied, stored, removed, unknown, slot}
+local pend = predictEnd(KEYS[2], R, pst, prm, cleared)
+return {applied, stored, removed, unknown, slot, pend[1], pend[2]}

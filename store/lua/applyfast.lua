@@ -10,7 +10,7 @@
 --        distinct) | its one record (14). Two strings rather than 4n
 --        arguments: Redis parses and converts each argument, which cost more
 --        than the script's string.sub calls.
--- Returns {applied, n, 0, 0, slot} when applied (1, or 2 when the replica
+-- Returns {applied, n, 0, 0, slot, predictions confirmed, 0} when applied (1, or 2 when the replica
 -- had no applied seq: see apply.lua), {0, 0, 0, 0} for a stale seq
 -- (the applied seq is first seq or newer), and {-1, 0, 0, 0, slot or -1}
 -- with nothing changed when the slot differs, a block already exists or an
@@ -58,4 +58,9 @@ for i = 1, 2 * n, 4000 do
 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', (tonumber(m[2]) or 0) + n)
 if applied == 2 then redis.call('HSET', meta, 'from', ARGV[6]) end
-return {applied, n, 0, 0, tonumber(s)}
+-- A store of a predicted chain's end confirms R's prediction (predict.lua,
+-- prepended).
+local pst = {}
+for k = 1, n do pst[bk[k]] = true end
+local pend = predictEnd(KEYS[2], R, pst, {}, false)
+return {applied, n, 0, 0, tonumber(s), pend[1], pend[2]}

@@ -5,6 +5,10 @@
 -- KEYS = P..'load', P..'lb' (lease bodies), P..'leases' (expiries), then
 -- admit.lua's, which is prepended before it. A grant (phase 2, admit.lua)
 -- holds one request and no blocks: only its end (full) releases it.
+-- A lease's predicted entry (predict.lua, prepended before this) is made
+-- due at its first token, and withdrawn when the lease ends without one:
+-- WITHDRAWN counts those.
+local WITHDRAWN = 0
 local function unbook(id, full)
   local load, lb, leases = KEYS[1], KEYS[2], KEYS[3]
   local body = redis.call('HGET', lb, id)
@@ -15,6 +19,13 @@ local function unbook(id, full)
   local R, pre, dec, phase = string.match(body, '^([^,]*),(%d+),(%d+),(%d)$')
   pre, dec = tonumber(pre), tonumber(dec)
   if not full and phase ~= '0' then return 0 end
+  if phase == '0' then
+    if full then
+      WITHDRAWN = WITHDRAWN + predictWithdraw(load, R, string.sub(id, 1, 64))
+    else
+      predictAdvance(load, R, string.sub(id, 1, 64), NOW)
+    end
+  end
   local cur = redis.call('HGET', load, R)
   if cur then
     local a, b, c, e = string.match(cur, '^(%d+),(%d+),(%d+),(%d+)$')

@@ -14,7 +14,7 @@ if s then
 end
 redis.call('DEL', KEYS[5])
 redis.call('DEL', KEYS[4])
-redis.call('HDEL', SLOTS, R, R .. '#s', RI, R .. '#x')
+redis.call('HDEL', SLOTS, R, R .. '#s', RI, R .. '#x', R .. '#p')
 if s then bumpSlots() end
 local lb = KEYS[6]
 local bodies = redis.call('HGETALL', lb)

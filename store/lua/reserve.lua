@@ -4,8 +4,11 @@
 -- which the caller's pick still wins).
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
 -- (then admit.lua's, which is prepended)
+-- (and predict.lua's, prepended)
 -- ARGV = request id, replica, prefill, decode, expiry_ms, ifVersion,
---        not_after_ms, admit [, max prefill, max decode, max requests]
+--        not_after_ms, admit, then the prediction (now ms, µs a block,
+--        grace ms, longest due ms, marks: 11 bytes each; no marks: none)
+--        [, max prefill, max decode, max requests]
 -- admit ('1:<now ms>': under admission, by the caller's clock) books only on a replica with room and only
 -- when nothing is queued before the request, unless the request holds a
 -- seat (admit.lua), which the booking then takes.
@@ -15,7 +18,10 @@
 -- stand, unreleased, until its lease expired.
 -- Load field <replica> = "prefill,decode,requests,version"; lease bodies in
 -- kvr:{m}:lb (id -> "replica,prefill,decode,phase"), expiries in kvr:{m}:leases.
--- Returns {status, booked load, scraped}: 1 booked, 0 version moved on (or
+-- A booking with marks also records the prediction on the replica
+-- (predict.lua), due when the replica's booked prefill, its own included,
+-- has run.
+-- Returns {status, booked load, scraped, predictions dropped expired}: 1 booked, 0 version moved on (or
 -- the load is past the bounds), 2 the request already holds a lease (a
 -- retry: nothing booked twice); {3} too late, nothing read or booked; 4
 -- the request must queue, 5 the replica has no room.
@@ -42,8 +48,8 @@ if cur[1] then
   local a, b, c, e = string.match(cur[1], '^(%d+),(%d+),(%d+),(%d+)$')
   p, d, n, v = tonumber(a), tonumber(b), tonumber(c), tonumber(e)
 end
-if ARGV[11] then
-  if p > tonumber(ARGV[9]) or d > tonumber(ARGV[10]) or n > tonumber(ARGV[11]) then
+if ARGV[16] then
+  if p > tonumber(ARGV[14]) or d > tonumber(ARGV[15]) or n > tonumber(ARGV[16]) then
     return {0, cur[1], cur[2]}
   end
 elseif ifv >= 0 and ifv ~= v then
@@ -54,4 +60,9 @@ if seat then booked = takeSeat(seat, R, booked) end
 redis.call('HSET', KEYS[1], R, booked)
 redis.call('HSET', lb, id, R .. ',' .. pre .. ',' .. dec .. ',0')
 redis.call('ZADD', KEYS[3], ARGV[5], id)
-return {1, booked, cur[2]}
+local expired = 0
+if ARGV[13] ~= '' then
+  expired = predictWrite(KEYS[1], R, string.sub(id, 1, 64), tonumber(ARGV[9]), p + pre, tonumber(ARGV[10]),
+    tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13], PREDICT_MAX)
+end
+return {1, booked, cur[2], expired}

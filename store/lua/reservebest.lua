@@ -6,16 +6,23 @@
 -- operations, so that on unchanged loads it picks exactly what the router
 -- picked.
 -- KEYS = kvr:{m}:load, kvr:{m}:lb, kvr:{m}:leases
+-- (and predict.lua's, prepended)
 -- ARGV = request id, decode, expiry_ms, prefill scale, request weight,
 --        request blocks, active blocks, bound, eps, not_after_ms, admit,
---        then per choice: replica, prefill, credit
+--        the prediction (now ms, µs a block, grace ms, longest due ms,
+--        marks: 11 bytes each; no marks: none), then per choice: replica,
+--        prefill, credit, floor
+-- A booking with marks also records the prediction on the replica it
+-- books (predict.lua), due when that replica's booked prefill, its own
+-- included, has run.
 -- admit ('1:<now ms>': under admission by the caller's clock, admit.lua, prepended) books only a choice
 -- with room and only when nothing is queued before the request, unless
 -- the request holds a seat, which the booking then takes.
 -- not_after_ms (0: none) is the Redis time past which nothing is booked,
 -- as in reserve.lua: the caller has given up on the answer.
 -- Returns {status, index, then per choice its booked load and scraped
--- (absent when the first choice was booked: the caller's own pick)}:
+-- (absent when the first choice was booked: the caller's own pick), then
+-- the predictions the booking dropped expired}:
 -- status 1 booked the choice at index (1-based), 0 booked nothing (the
 -- cheapest is not under the bound), 2 the request already holds a lease
 -- (index: its replica among the choices, 0 if none); {3, 0} too late,
@@ -29,19 +36,22 @@ local late = tonumber(ARGV[10])
 local admit = string.sub(ARGV[11], 1, 2) == '1:'
 if admit then NOW = tonumber(string.sub(ARGV[11], 3)) end
 -- head is how many ARGV come before the choices: choice j's replica,
--- prefill and credit are ARGV[head + 3j - 2 .. head + 3j]. A settled cost
--- term's weight goes after admit, and head grows by one.
-local head = 11
+-- prefill, credit and floor are ARGV[head + 4j - 3 .. head + 4j]; the
+-- prediction's five are the last before them. A settled cost term's
+-- weight goes after admit, before the prediction, and head (with the
+-- prediction's indices) grows by one.
+local head = 16
+local W = 4
 if late > 0 then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > late then return {3, 0} end
 end
-local n = (#ARGV - head) / 3
+local n = (#ARGV - head) / W
 -- Scraped requests count only with a request weight.
 local scraped = weight ~= 0
 local fields = {}
 for j = 1, n do
-  local R = ARGV[head + 3 * j - 2]
+  local R = ARGV[head + W * j - 3]
   if scraped then
     fields[2 * j - 1], fields[2 * j] = R, R .. '#s'
   else
@@ -52,13 +62,16 @@ local cur = redis.call('HMGET', KEYS[1], unpack(fields))
 local function booked(j) if scraped then return cur[2 * j - 1] else return cur[j] end end
 -- The loads go back only when the caller must score again: nothing was
 -- booked, or not its pick.
+local expired = 0
 local function reply(status, index)
   local out = {status, index}
-  if status ~= 0 and index == 1 then return out end
-  for j = 1, n do
-    out[2 * j + 1] = booked(j) or false
-    out[2 * j + 2] = (scraped and cur[2 * j]) or false
+  if not (status ~= 0 and index == 1) then
+    for j = 1, n do
+      out[2 * j + 1] = booked(j) or false
+      out[2 * j + 2] = (scraped and cur[2 * j]) or false
+    end
   end
+  out[#out + 1] = expired
   return out
 end
 local seat = admit and seatOf(id)
@@ -66,7 +79,7 @@ local body = not seat and redis.call('HGET', KEYS[2], id)
 if body then
   local R = string.match(body, '^([^,]*),')
   for j = 1, n do
-    if ARGV[head + 3 * j - 2] == R then return reply(2, j) end
+    if ARGV[head + W * j - 3] == R then return reply(2, j) end
   end
   return reply(2, 0)
 end
@@ -83,8 +96,9 @@ local function cost(j, p, d, q)
     local w, r = string.match(cur[2 * j], '^(%d+),(%d+),')
     if w and tonumber(w) + tonumber(r) > reqs then reqs = tonumber(w) + tonumber(r) end
   end
-  local adj = (p + blocks) - tonumber(ARGV[head + 3 * j])
-  if adj < 0 then adj = 0 end
+  local adj = (p + blocks) - tonumber(ARGV[head + W * j - 1])
+  local floor = tonumber(ARGV[head + W * j])
+  if adj < floor then adj = floor end
   return scale * adj + (d + active) + weight * reqs
 end
 -- Under admission a choice without room is not booked.
@@ -93,7 +107,7 @@ if admit then
   if mustQueue(seat) then return {4, 0} end
   local reps, pairs2 = {}, {}
   for j = 1, n do
-    reps[j] = ARGV[head + 3 * j - 2]
+    reps[j] = ARGV[head + W * j - 3]
     pairs2[2 * j - 1] = booked(j)
     pairs2[2 * j] = scraped and cur[2 * j]
   end
@@ -118,7 +132,7 @@ for j = 1, n do
 end
 if best == nil then return reply(5, 0) end
 if not (bestCost < bound - eps) then return reply(0, 0) end
-local R, pre = ARGV[head + 3 * best - 2], tonumber(ARGV[head + 3 * best - 1])
+local R, pre = ARGV[head + W * best - 3], tonumber(ARGV[head + W * best - 2])
 local ld = bestLoad
 local value = (ld[1] + pre) .. ',' .. (ld[2] + dec) .. ',' .. (ld[3] + 1) .. ',' .. (ld[4] + 1)
 if seat then value = takeSeat(seat, R, value) end
@@ -126,4 +140,8 @@ redis.call('HSET', KEYS[1], R, value)
 redis.call('HSET', KEYS[2], id, R .. ',' .. pre .. ',' .. dec .. ',0')
 redis.call('ZADD', KEYS[3], exp, id)
 if scraped then cur[2 * best - 1] = value else cur[best] = value end
+if ARGV[16] ~= '' then
+  expired = predictWrite(KEYS[1], R, string.sub(id, 1, 64), tonumber(ARGV[12]), ld[1] + pre, tonumber(ARGV[13]),
+    tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], PREDICT_MAX)
+end
 return reply(1, best)

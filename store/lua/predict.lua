@@ -1,0 +1,167 @@
+-- predict.lua is prepended to the scripts that book, advance, release or
+-- sweep a lease and to those that apply events (reserve, reservebest,
+-- advance, release, sweep, apply, applyfast). It keeps a replica's
+-- predicted entries (kvroute/prediction.go): what bookings say the
+-- replica will hold once their prefill has run, in the field R..'#p' of
+-- the model's load hash, beside R's load, so that a lookup reads them with
+-- the loads it reads anyway and a booking writes them in the step that
+-- books. It touches no key but the load hash, which every including
+-- script declares (as KEYS[1] of the booking and lease scripts, KEYS[2]
+-- of apply and applyfast), passed in as LOAD.
+--
+-- The field is a concatenation of records:
+--   owner length (1 byte) | owner (the request id) | start ms (6) |
+--   due ms (6) | expiry ms (6) | span (4) | marks (1) |
+--   per mark: depth (3) | router key (8)
+-- all big-endian, marks in increasing depth (kvroute.PredictMarks); an
+-- empty list deletes the field. store/predict.go reads and writes the
+-- same layout.
+local pbyte, psub, pchar, pfloor = string.byte, string.sub, string.char, math.floor
+-- PREDICT_MAX is kvroute.MaxPredictions (store's TestPredictScript checks).
+local PREDICT_MAX = 64
+
+local function pnum(s, i, n)
+  local v = 0
+  for j = i, i + n - 1 do v = v * 256 + pbyte(s, j) end
+  return v
+end
+
+local function penc(v, n)
+  local t = {}
+  for j = n, 1, -1 do
+    t[j] = pchar(v % 256)
+    v = pfloor(v / 256)
+  end
+  return table.concat(t)
+end
+
+-- pdecode parses a field into records {owner, start, due, exp, span,
+-- marks (the raw mark bytes), last (the deepest mark's key), raw}.
+local function pdecode(v)
+  local out, i = {}, 1
+  while v and i <= #v do
+    local ol = pbyte(v, i)
+    local o = psub(v, i + 1, i + ol)
+    local j = i + 1 + ol
+    local nm = pbyte(v, j + 22)
+    local mend = j + 23 + 11 * nm
+    out[#out + 1] = {owner = o, start = pnum(v, j, 6), due = pnum(v, j + 6, 6), exp = pnum(v, j + 12, 6),
+      span = pnum(v, j + 18, 4), marks = psub(v, j + 23, mend - 1),
+      last = psub(v, mend - 8, mend - 1), raw = psub(v, i, mend - 1)}
+    i = mend
+  end
+  return out
+end
+
+local function pencode(r)
+  return pchar(#r.owner) .. r.owner .. penc(r.start, 6) .. penc(r.due, 6) .. penc(r.exp, 6) ..
+    penc(r.span, 4) .. pchar(#r.marks / 11) .. r.marks
+end
+
+local function pstore(LOAD, R, recs)
+  local raws = {}
+  for k = 1, #recs do raws[k] = recs[k].raw end
+  if #raws == 0 then
+    redis.call('HDEL', LOAD, R .. '#p')
+  else
+    redis.call('HSET', LOAD, R .. '#p', table.concat(raws))
+  end
+end
+
+-- predictWrite records owner's prediction on R, booked at now with span
+-- prefill blocks booked on R (its own included): due after span blocks at
+-- perUs µs a block (at most maxDue ms), expiring graceMs later
+-- (kvroute.PredictPlan.Timing). Expired records are dropped, a record of
+-- the same owner replaced, and a full list (maxN) drops the record that
+-- expires first. Returns the records dropped unconfirmed.
+local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN)
+  local recs = pdecode(redis.call('HGET', LOAD, R .. '#p'))
+  local kept, expired = {}, 0
+  for k = 1, #recs do
+    local r = recs[k]
+    if r.exp <= now then
+      expired = expired + 1
+    elseif r.owner ~= owner then
+      kept[#kept + 1] = r
+    end
+  end
+  if #kept >= maxN then
+    local first = 1
+    for k = 2, #kept do
+      if kept[k].exp < kept[first].exp then first = k end
+    end
+    table.remove(kept, first)
+    expired = expired + 1
+  end
+  local due = math.min(pfloor(span * perUs / 1000), maxDue)
+  local r = {owner = owner, start = now, due = now + due, exp = now + due + graceMs, span = span, marks = marks}
+  r.raw = pencode(r)
+  kept[#kept + 1] = r
+  pstore(LOAD, R, kept)
+  return expired
+end
+
+-- predictEnd applies an event batch to R's records: a record whose
+-- deepest mark is among stored (a set of router keys stored on GPU) is
+-- confirmed, one with any mark among removed is evicted, and clear ends
+-- them all (evicted). Returns {confirmed, evicted}.
+local function predictEnd(LOAD, R, stored, removed, clear)
+  local v = redis.call('HGET', LOAD, R .. '#p')
+  if not v then return {0, 0} end
+  local recs = pdecode(v)
+  if clear then
+    redis.call('HDEL', LOAD, R .. '#p')
+    return {0, #recs}
+  end
+  local kept, conf, ev = {}, 0, 0
+  for k = 1, #recs do
+    local r = recs[k]
+    local gone = false
+    if stored[r.last] then
+      conf, gone = conf + 1, true
+    else
+      for m = 1, #r.marks, 11 do
+        if removed[psub(r.marks, m + 3, m + 10)] then
+          ev, gone = ev + 1, true
+          break
+        end
+      end
+    end
+    if not gone then kept[#kept + 1] = r end
+  end
+  if conf + ev > 0 then pstore(LOAD, R, kept) end
+  return {conf, ev}
+end
+
+-- predictAdvance makes owner's record on R due at now (its first token
+-- came: its prefill has run), if it was due later.
+local function predictAdvance(LOAD, R, owner, now)
+  local v = redis.call('HGET', LOAD, R .. '#p')
+  if not v then return end
+  local recs = pdecode(v)
+  for k = 1, #recs do
+    local r = recs[k]
+    if r.owner == owner and r.due > now then
+      r.due = math.max(now, r.start)
+      r.raw = pencode(r)
+      pstore(LOAD, R, recs)
+      return
+    end
+  end
+end
+
+-- predictWithdraw drops owner's record on R (its request ended before its
+-- first token: its prefill may never run). Returns 1 if there was one.
+local function predictWithdraw(LOAD, R, owner)
+  local v = redis.call('HGET', LOAD, R .. '#p')
+  if not v then return 0 end
+  local recs = pdecode(v)
+  for k = 1, #recs do
+    if recs[k].owner == owner then
+      table.remove(recs, k)
+      pstore(LOAD, R, recs)
+      return 1
+    end
+  end
+  return 0
+end
