@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -265,10 +266,15 @@ func predictCost(b *testing.B, bin string, firstToken bool) {
 		b.Logf("predictions %s: %d decisions, p50 %.0f µs; Redis per decision+release: process %.1f µs, main thread %.1f µs CPU, scripts %.1f µs in %.2f calls",
 			s.name, s.p.ok, us(s.p.p50()), s.p.per(s.p.procCPU), s.p.per(s.p.mainCPU), float64(s.p.scriptUs)/float64(max(s.p.ok, 1)), float64(s.p.scripts)/float64(max(s.p.ok, 1)))
 	}
-	if keys, err := side[true].rc.Keys(context.Background(), "*").Result(); err == nil {
-		slices.Sort(keys)
-		b.Logf("keys on the predictions-on side after the run: %v", keys)
+	// Predicted entries live in the load hash, field <replica>#p
+	// (store/lua/predict.lua).
+	var sizes []string
+	for i := range 4 {
+		f := fmt.Sprintf("pc-r%d#p", i)
+		n, _ := side[true].rc.HStrLen(context.Background(), "kvr:{m:pc}:load", f).Result()
+		sizes = append(sizes, fmt.Sprintf("%s %d B", f, n))
 	}
+	b.Logf("predicted entries left at the end (predictions-on side): %s", strings.Join(sizes, ", "))
 	sorted := slices.Clone(tenths)
 	slices.Sort(sorted)
 	b.Logf("Redis process CPU on/off of each tenth of the run: %.3f (median %.3f)", tenths, sorted[len(sorted)/2])
