@@ -18,8 +18,18 @@ import "time"
 const MaxMarks = 14
 
 // MaxPredictions bounds the predicted entries one replica holds: when a
-// booking finds it full, the one that expires first makes room.
-const MaxPredictions = 64
+// booking finds it full, the one that expires first makes room. The
+// herding workload keeps up to 36 in flight on each of 4 replicas, and
+// dropping all but the 16 latest changed none of the simulator's figures;
+// every booking there reads and rewrites them.
+const MaxPredictions = 16
+
+// MinPredictBlocks is the fewest blocks a booking predicts beyond what
+// its replica already holds: a prediction of a few new blocks on top of a
+// held context (a request's own short suffix) is worth less than writing,
+// reading and ending it costs, since a request sharing the context finds
+// that in the index anyway.
+const MinPredictBlocks = 4
 
 // MarkStride bounds the small marks (the powers of two below it) of a
 // prediction; a request that shares a predicted chain's first d blocks

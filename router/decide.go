@@ -160,7 +160,7 @@ func outcome(cfg Config, in Input, res scoring.Result, maxTokens int, decode int
 		Expires: in.Now.Add(LeaseTTL(cfg, in.PromptTokens, maxTokens)),
 	}
 	out.RecordApprox = !in.Candidates[p].Events && in.Blocks > 0
-	out.Lease.Predict = predictPlan(cfg, in, p)
+	out.Lease.Predict = predictPlan(cfg, in, p, s.Held)
 	return out
 }
 
@@ -174,9 +174,13 @@ const DefaultPredictGrace = 2 * time.Second
 // the prompt's chain, due when the replica's booked prefill has run at
 // cfg's conservative prefill speed. None when predictions are off, the
 // replica publishes no events (approximate entries stand in for those),
-// or the prompt has no full block.
-func predictPlan(cfg Config, in Input, p int) *kvroute.PredictPlan {
+// the prompt has no full block, or the replica already holds all but
+// fewer than kvroute.MinPredictBlocks of it (held, in GPU-block units).
+func predictPlan(cfg Config, in Input, p int, held float64) *kvroute.PredictPlan {
 	if cfg.Scoring.PredictWeight == 0 || !in.Candidates[p].Events || len(in.Keys) == 0 || len(in.Keys) != in.Blocks {
+		return nil
+	}
+	if float64(in.Blocks)-held < kvroute.MinPredictBlocks {
 		return nil
 	}
 	plan := &kvroute.PredictPlan{Marks: kvroute.PredictMarks(in.Keys), Grace: cfg.PredictGrace}

@@ -270,13 +270,19 @@ func (v *RouterView) BestMatch(keys []kvroute.BlockKey) int {
 }
 
 // FirstToken ends the prefill part of a booking on replica p at now: its
-// predicted entry is due now, if it was not yet (store/lua/advance.lua).
+// predicted entry is due now, if it was not yet, and expires as much
+// sooner (store/lua/predict.lua's predictAdvance).
 func (v *RouterView) FirstToken(p int, l kvroute.Lease, now time.Time) {
 	v.load[p].Prefill -= float64(l.PrefillBlocks)
 	ms := time.UnixMilli(now.UnixMilli())
 	for i := range v.pred[p] {
 		if e := &v.pred[p][i]; e.Owner == l.RequestID && ms.Before(e.Ready) {
-			e.Ready = ms
+			due := ms
+			if due.Before(e.Start) {
+				due = e.Start
+			}
+			e.Expires = e.Expires.Add(-e.Ready.Sub(due))
+			e.Ready = due
 		}
 	}
 }

@@ -140,7 +140,7 @@ func TestPredictions(t *testing.T) {
 		t.Run("an eviction of one of its blocks ends it", func(t *testing.T) {
 			l := lease("p3", "b", 10, 2, exp)
 			l.Predict = plan(keys)
-			if ok, _, err := e.s.ReserveBest(ctx, l, []kvroute.Choice{{Replica: "b", PrefillBlocks: 10}}, kvroute.ChoiceCost{PrefillScale: 1, Bound: 1e18}); err != nil || ok != 0 {
+			if ok, _, err := e.s.ReserveBest(ctx, l, []kvroute.Choice{{Replica: "b", PrefillBlocks: 10}}, kvroute.ChoiceCost{PrefillScale: 1, Blocks: 40, Bound: 1e18}); err != nil || ok != 0 {
 				t.Fatalf("reserve best: %v %v", ok, err)
 			}
 			if got := predictions(t, e, "b"); len(got) != 1 {
@@ -242,15 +242,19 @@ func TestBurstFindsPredictions(t *testing.T) {
 	})
 }
 
-// TestPredictScriptMax holds lua/predict.lua's list bound to
-// kvroute.MaxPredictions.
+// TestPredictScriptMax holds lua/predict.lua's bounds to kvroute's
+// MaxPredictions and MinPredictBlocks.
 func TestPredictScriptMax(t *testing.T) {
 	src, err := os.ReadFile("lua/predict.lua")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "local PREDICT_MAX = " + strconv.Itoa(kvroute.MaxPredictions) + "\n"
-	if !strings.Contains(string(src), want) {
-		t.Errorf("lua/predict.lua does not say %q", want)
+	for _, want := range []string{
+		"local PREDICT_MAX = " + strconv.Itoa(kvroute.MaxPredictions) + "\n",
+		"local PREDICT_MIN = " + strconv.Itoa(kvroute.MinPredictBlocks) + "\n",
+	} {
+		if !strings.Contains(string(src), want) {
+			t.Errorf("lua/predict.lua does not say %q", want)
+		}
 	}
 }

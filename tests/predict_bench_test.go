@@ -36,7 +36,7 @@ type predictBench struct {
 // nothing needs to listen there, no ingestor runs), the first holding ctx's
 // full blocks, and returns n decision bodies: ctx plus a varied 32-token
 // suffix each.
-func predictBenchModel(tb testing.TB, st *store.Store, model string, ctx []uint32, n int) [][]byte {
+func predictBenchModel(tb testing.TB, st *store.Store, model string, ctx []uint32, n int, cold bool) [][]byte {
 	tb.Helper()
 	bg := context.Background()
 	for i := range 4 {
@@ -50,6 +50,10 @@ func predictBenchModel(tb testing.TB, st *store.Store, model string, ctx []uint3
 	var bodies [][]byte
 	for i := range n {
 		p := append(slices.Clone(ctx), seqTokens(100000+i*32, 32)...)
+		if cold {
+			// A prompt of its own, nothing of it held anywhere.
+			p = seqTokens(1_000_000+i*len(p), len(p))
+		}
 		raw, _ := json.Marshal(map[string]any{"model": model, "token_ids": p, "max_tokens": 64})
 		bodies = append(bodies, raw)
 	}
@@ -170,8 +174,11 @@ func (p *predictBench) run(tb testing.TB, rc *redis.Client, from, n int) *predic
 // Two sides, each one `kvroute serve` pod over a redis-server of its own,
 // one with predictions on (the default) and one with --predict-weight=0,
 // deciding for a model of 4 replicas with events, the first holding a
-// 2,000-token context; decisions are POST /v1/route on that context plus a
-// varied 32-token suffix (every booking writes a prediction), made one at
+// 2,000-token context; decisions are POST /v1/route (prompt=cached) on that
+// context plus a varied 32-token suffix (which predicts nothing: the
+// replica holds all but 2 blocks of it, kvroute.MinPredictBlocks), or
+// (prompt=cold) on 2,032-token prompts nothing holds, 256 of them in turn
+// (every booking writes a prediction), made one at
 // a time by one client, alternating between the sides decision by
 // decision, so that the machine's drift (2 cores shared by both servers,
 // both pods and the client) falls on both alike; each Redis's CPU is its
@@ -192,16 +199,22 @@ func (p *predictBench) run(tb testing.TB, rc *redis.Client, from, n int) *predic
 //	go test -run '^$' -bench PredictionCost -benchtime 1x ./tests/
 func BenchmarkPredictionCost(b *testing.B) {
 	bin := loadBinary(b)
-	for _, firstToken := range []bool{false, true} {
-		name := "release=before-first-token"
-		if firstToken {
-			name = "release=after-first-token"
-		}
-		b.Run(name, func(b *testing.B) {
-			for b.Loop() {
-				predictCost(b, bin, firstToken)
+	for _, cold := range []bool{false, true} {
+		for _, firstToken := range []bool{false, true} {
+			name := "prompt=cached/"
+			if cold {
+				name = "prompt=cold/"
 			}
-		})
+			name += "release=before-first-token"
+			if firstToken {
+				name = strings.Replace(name, "before", "after", 1)
+			}
+			b.Run(name, func(b *testing.B) {
+				for b.Loop() {
+					predictCost(b, bin, firstToken, cold)
+				}
+			})
+		}
 	}
 }
 
@@ -211,7 +224,7 @@ type predictSide struct {
 	rc *redis.Client
 }
 
-func predictCost(b *testing.B, bin string, firstToken bool) {
+func predictCost(b *testing.B, bin string, firstToken, cold bool) {
 	ctx := seqTokens(10000, 2000)
 	n := envInt("KVROUTE_PREDICT_DECISIONS", 3000)
 	const slices10 = 10
@@ -228,7 +241,7 @@ func predictCost(b *testing.B, bin string, firstToken bool) {
 		if !on {
 			args = []string{"--predict-weight=0"}
 		}
-		bodies := predictBenchModel(b, st, "pc", ctx, 256)
+		bodies := predictBenchModel(b, st, "pc", ctx, 256, cold)
 		p := &predictBench{model: "pc", pod: startPods(b, bin, url, 1, args...)[0], bodies: bodies, client: client, firstToken: firstToken}
 		wait.UntilNil(b, "a first decision on the predictions-on="+strconv.FormatBool(on)+" side", func() error {
 			_, err := p.decide(0)

@@ -28,8 +28,14 @@ const (
 	liveReplicas     = 4
 	liveMaxTokens    = 4
 	// maxComputing bounds the replicas that compute the shared context in
-	// one burst: the design's "a bounded number, far fewer than all 4".
-	maxComputing = 2
+	// one burst. The design intends one: the first booking's replica
+	// computes it and every other request of the burst shares that
+	// prefill, because waiting for it beyond the blocks it computes for
+	// them (their own 2-block suffix) costs less than a copy of 125 blocks
+	// elsewhere, until the queue there passes what the credit forgives
+	// (DESIGN.md, "Deliberate spread for hot prefixes"), which 64 short
+	// requests do not reach.
+	maxComputing = 1
 	// liveBusiestTol is how far (a fraction) the busiest replica's count
 	// of a burst sent to one pod may be from the three-pod burst's.
 	liveBusiestTol = 0.10

@@ -17,8 +17,11 @@
 -- empty list deletes the field. store/predict.go reads and writes the
 -- same layout.
 local pbyte, psub, pchar, pfloor = string.byte, string.sub, string.char, math.floor
--- PREDICT_MAX is kvroute.MaxPredictions (store's TestPredictScript checks).
-local PREDICT_MAX = 64
+-- PREDICT_MAX is kvroute.MaxPredictions (store's TestPredictScriptMax checks).
+local PREDICT_MAX = 16
+-- PREDICT_MIN is kvroute.MinPredictBlocks: a booking on a choice holding
+-- all but fewer blocks of the chain predicts nothing.
+local PREDICT_MIN = 4
 
 local function pnum(s, i, n)
   local v = 0
@@ -27,12 +30,11 @@ local function pnum(s, i, n)
 end
 
 local function penc(v, n)
-  local t = {}
-  for j = n, 1, -1 do
-    t[j] = pchar(v % 256)
-    v = pfloor(v / 256)
+  if n == 4 then
+    return pchar(pfloor(v / 16777216) % 256, pfloor(v / 65536) % 256, pfloor(v / 256) % 256, v % 256)
   end
-  return table.concat(t)
+  return pchar(pfloor(v / 1099511627776) % 256, pfloor(v / 4294967296) % 256, pfloor(v / 16777216) % 256,
+    pfloor(v / 65536) % 256, pfloor(v / 256) % 256, v % 256)
 end
 
 -- pdecode parses a field into records {owner, start, due, exp, span,
@@ -75,7 +77,8 @@ end
 -- the same owner replaced, and a full list (maxN) drops the record that
 -- expires first. Returns the records dropped unconfirmed.
 local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN)
-  local recs = pdecode(redis.call('HGET', LOAD, R .. '#p'))
+  local v = redis.call('HGET', LOAD, R .. '#p')
+  local recs = v and pdecode(v) or {}
   local kept, expired = {}, 0
   for k = 1, #recs do
     local r = recs[k]
@@ -107,12 +110,15 @@ end
 -- marks both have), or nil: what a booking finds that its caller's lookup
 -- may have missed.
 local function predictFound(LOAD, reps, marks, now)
-  local want = {}
-  for m = 1, #marks, 11 do want[psub(marks, m, m + 10)] = pnum(marks, m, 3) end
   local fields = {}
   for j = 1, #reps do fields[j] = reps[j] .. '#p' end
   local vals = redis.call('HMGET', LOAD, unpack(fields))
   local out = {}
+  local any = false
+  for j = 1, #reps do any = any or vals[j] ~= false end
+  if not any then return out end
+  local want = {}
+  for m = 1, #marks, 11 do want[psub(marks, m, m + 10)] = pnum(marks, m, 3) end
   for j = 1, #reps do
     if vals[j] then
       local best
@@ -175,7 +181,8 @@ local function predictEnd(LOAD, R, stored, removed, clear)
 end
 
 -- predictAdvance makes owner's record on R due at now (its first token
--- came: its prefill has run), if it was due later.
+-- came: its prefill has run), if it was due later, and expiring as much
+-- sooner: its grace (expiry less due) after now.
 local function predictAdvance(LOAD, R, owner, now)
   local v = redis.call('HGET', LOAD, R .. '#p')
   if not v then return end
@@ -183,7 +190,9 @@ local function predictAdvance(LOAD, R, owner, now)
   for k = 1, #recs do
     local r = recs[k]
     if r.owner == owner and r.due > now then
-      r.due = math.max(now, r.start)
+      local due = math.max(now, r.start)
+      r.exp = r.exp - (r.due - due)
+      r.due = due
       r.raw = pencode(r)
       pstore(LOAD, R, recs)
       return

@@ -174,7 +174,7 @@ redis.call('HSET', KEYS[1], R, value)
 redis.call('HSET', KEYS[2], id, R .. ',' .. pre .. ',' .. dec .. ',0')
 redis.call('ZADD', KEYS[3], exp, id)
 if scraped then cur[2 * best - 1] = value else cur[best] = value end
-if ARGV[16] ~= '' then
+if ARGV[16] ~= '' and blocks - tonumber(ARGV[head + W * best]) >= PREDICT_MIN then
   expired = predictWrite(KEYS[1], R, string.sub(id, 1, 64), tonumber(ARGV[12]), ld[1] + pre, tonumber(ARGV[13]),
     tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], PREDICT_MAX)
 end
