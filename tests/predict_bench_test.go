@@ -29,6 +29,11 @@ type predictBench struct {
 	client *http.Client
 	// firstToken reports each decision's first token before its release.
 	firstToken bool
+	// events, when set, also applies each decision's prompt as its
+	// replica's cache events after the first token, as an ingestor
+	// would: what confirms a prediction on a fleet that runs one.
+	events func(tb testing.TB, replica string, i int)
+	tb     testing.TB
 }
 
 // predictBenchModel registers 4 replicas of model, each with an events
@@ -73,6 +78,9 @@ func (p *predictBench) decide(i int) (time.Duration, error) {
 	took := time.Since(t0)
 	var d struct {
 		RequestID string `json:"request_id"`
+		Replica   struct {
+			ID string `json:"id"`
+		} `json:"replica"`
 	}
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, &d) != nil {
 		return took, fmt.Errorf("route: got %d %.300s, want 200", resp.StatusCode, raw)
@@ -82,6 +90,9 @@ func (p *predictBench) decide(i int) (time.Duration, error) {
 		steps = append(steps, "first-token")
 	}
 	for _, step := range append(steps, "release") {
+		if step == "release" && p.events != nil {
+			p.events(p.tb, d.Replica.ID, i)
+		}
 		resp, err := p.client.Post(p.pod.base+"/v1/requests/"+d.RequestID+"/"+step, "application/json", nil)
 		if err != nil {
 			return took, err
@@ -93,6 +104,23 @@ func (p *predictBench) decide(i int) (time.Duration, error) {
 		}
 	}
 	return took, nil
+}
+
+// benchEvents applies decision i's prompt as replica's cache events (as
+// an ingestor would, one batch of the whole chain; a block already held
+// only gains a reference).
+func benchEvents(st *store.Store, model string, bodies [][]byte) func(tb testing.TB, replica string, i int) {
+	seq := map[string]int64{}
+	return func(tb testing.TB, replica string, i int) {
+		var body struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		}
+		if err := json.Unmarshal(bodies[i%len(bodies)], &body); err != nil {
+			tb.Fatal(err)
+		}
+		keys := kvroute.BlockKeys(kvroute.KeySpace{Model: model}, kvroute.DefaultBlockSize, body.TokenIDs, nil)
+		seq[replica] = holdChain(tb, context.Background(), st, model, replica, keys, seq[replica]+1, func(j int) uint64 { return uint64(keys[j]) ^ uint64(j) }) - 1
+	}
 }
 
 // predictPhase is what one phase of sequential decisions measured.
@@ -200,18 +228,14 @@ func (p *predictBench) run(tb testing.TB, rc *redis.Client, from, n int) *predic
 func BenchmarkPredictionCost(b *testing.B) {
 	bin := loadBinary(b)
 	for _, cold := range []bool{false, true} {
-		for _, firstToken := range []bool{false, true} {
-			name := "prompt=cached/"
+		for _, release := range []string{"before-first-token", "after-first-token", "after-events"} {
+			name := "prompt=cached/release=" + release
 			if cold {
-				name = "prompt=cold/"
-			}
-			name += "release=before-first-token"
-			if firstToken {
-				name = strings.Replace(name, "before", "after", 1)
+				name = "prompt=cold/release=" + release
 			}
 			b.Run(name, func(b *testing.B) {
 				for b.Loop() {
-					predictCost(b, bin, firstToken, cold)
+					predictCost(b, bin, release, cold)
 				}
 			})
 		}
@@ -224,7 +248,8 @@ type predictSide struct {
 	rc *redis.Client
 }
 
-func predictCost(b *testing.B, bin string, firstToken, cold bool) {
+func predictCost(b *testing.B, bin, release string, cold bool) {
+	firstToken := release != "before-first-token"
 	ctx := seqTokens(10000, 2000)
 	n := envInt("KVROUTE_PREDICT_DECISIONS", 3000)
 	const slices10 = 10
@@ -242,7 +267,10 @@ func predictCost(b *testing.B, bin string, firstToken, cold bool) {
 			args = []string{"--predict-weight=0"}
 		}
 		bodies := predictBenchModel(b, st, "pc", ctx, 256, cold)
-		p := &predictBench{model: "pc", pod: startPods(b, bin, url, 1, args...)[0], bodies: bodies, client: client, firstToken: firstToken}
+		p := &predictBench{model: "pc", pod: startPods(b, bin, url, 1, args...)[0], bodies: bodies, client: client, firstToken: firstToken, tb: b}
+		if release == "after-events" {
+			p.events = benchEvents(st, "pc", bodies)
+		}
 		wait.UntilNil(b, "a first decision on the predictions-on="+strconv.FormatBool(on)+" side", func() error {
 			_, err := p.decide(0)
 			return err

@@ -55,6 +55,21 @@ local function pdecode(v)
   return out
 end
 
+-- pscan splits a field into records without decoding their marks:
+-- {owner, exp, raw} each, for the scripts that only prune, cap or find
+-- one by owner (a booking reads a full list on every call).
+local function pscan(v)
+  local out, i = {}, 1
+  while v and i <= #v do
+    local ol = pbyte(v, i)
+    local j = i + 1 + ol
+    local mend = j + 23 + 11 * pbyte(v, j + 22)
+    out[#out + 1] = {owner = psub(v, i + 1, j - 1), exp = pnum(v, j + 12, 6), raw = psub(v, i, mend - 1)}
+    i = mend
+  end
+  return out
+end
+
 local function pencode(r)
   return pchar(#r.owner) .. r.owner .. penc(r.start, 6) .. penc(r.due, 6) .. penc(r.exp, 6) ..
     penc(r.span, 4) .. pchar(#r.marks / 11) .. r.marks
@@ -78,7 +93,7 @@ end
 -- expires first. Returns the records dropped unconfirmed.
 local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN)
   local v = redis.call('HGET', LOAD, R .. '#p')
-  local recs = v and pdecode(v) or {}
+  local recs = v and pscan(v) or {}
   local kept, expired = {}, 0
   for k = 1, #recs do
     local r = recs[k]
@@ -117,8 +132,26 @@ local function predictFound(LOAD, reps, marks, now)
   local any = false
   for j = 1, #reps do any = any or vals[j] ~= false end
   if not any then return out end
-  local want = {}
-  for m = 1, #marks, 11 do want[psub(marks, m, m + 10)] = pnum(marks, m, 3) end
+  local want, mk = {}, {}
+  for m = 1, #marks, 11 do
+    local x = psub(marks, m, m + 10)
+    want[x] = pnum(marks, m, 3)
+    mk[#mk + 1] = x
+  end
+  -- A field with none of the request's marks in it needs no decoding.
+  for j = 1, #reps do
+    local v = vals[j]
+    if v then
+      local hit = false
+      for k = #mk, 1, -1 do
+        if string.find(v, mk[k], 1, true) then
+          hit = true
+          break
+        end
+      end
+      if not hit then vals[j] = false end
+    end
+  end
   for j = 1, #reps do
     if vals[j] then
       local best
@@ -185,7 +218,7 @@ end
 -- sooner: its grace (expiry less due) after now.
 local function predictAdvance(LOAD, R, owner, now)
   local v = redis.call('HGET', LOAD, R .. '#p')
-  if not v then return end
+  if not v or not string.find(v, owner, 1, true) then return end
   local recs = pdecode(v)
   for k = 1, #recs do
     local r = recs[k]
@@ -204,8 +237,8 @@ end
 -- first token: its prefill may never run). Returns 1 if there was one.
 local function predictWithdraw(LOAD, R, owner)
   local v = redis.call('HGET', LOAD, R .. '#p')
-  if not v then return 0 end
-  local recs = pdecode(v)
+  if not v or not string.find(v, owner, 1, true) then return 0 end
+  local recs = pscan(v)
   for k = 1, #recs do
     if recs[k].owner == owner then
       table.remove(recs, k)
