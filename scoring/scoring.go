@@ -338,20 +338,7 @@ func Keeps(cfg Config, req Request, cands []Candidate, pick int) bool {
 	default:
 		return false
 	}
-	// A booking asks a few times per decision (the router's Slack
-	// searches), so the scores are scratch space, reused.
-	sp := keepScores.Get().(*[]Score)
-	defer keepScores.Put(sp)
-	s := slices.Grow((*sp)[:0], len(cands))[:len(cands)]
-	*sp = s
-	costs(cfg, req, cands, s)
-	const eps = 1e-9
-	for i, c := range cands {
-		if i != pick && c.Routable && s[i].Cost <= s[pick].Cost+eps {
-			return false
-		}
-	}
-	return true
+	return below(cfg, req, cands, pick, func(other, mine float64) bool { return other <= mine+1e-9 })
 }
 
 // Cheapest reports whether cands[pick] is among the cheapest eligible
@@ -360,14 +347,20 @@ func Cheapest(cfg Config, req Request, cands []Candidate, pick int) bool {
 	if pick < 0 || pick >= len(cands) || !cands[pick].Routable {
 		return false
 	}
+	return below(cfg, req, cands, pick, func(other, mine float64) bool { return other < mine-1e-9 })
+}
+
+// below reports whether no other eligible candidate's cost beats pick's
+// by beats. Keeps and Cheapest ask it a few times per decision (the
+// router's Slack searches), so the scores are scratch space, reused.
+func below(cfg Config, req Request, cands []Candidate, pick int, beats func(other, mine float64) bool) bool {
 	sp := keepScores.Get().(*[]Score)
 	defer keepScores.Put(sp)
 	s := slices.Grow((*sp)[:0], len(cands))[:len(cands)]
 	*sp = s
 	costs(cfg, req, cands, s)
-	const eps = 1e-9
 	for i, c := range cands {
-		if c.Routable && s[i].Cost < s[pick].Cost-eps {
+		if i != pick && c.Routable && beats(s[i].Cost, s[pick].Cost) {
 			return false
 		}
 	}

@@ -53,7 +53,7 @@ func TestSettle(t *testing.T) {
 	if !ok {
 		t.Fatal("not settled")
 	}
-	want := []kvroute.Choice{{Replica: "a", PrefillBlocks: 8, Credit: 8, Floor: 8}, {Replica: "b", PrefillBlocks: 10, Floor: 10},
+	want := []kvroute.Choice{{Replica: "a", PrefillBlocks: 8, Credit: 8, Floor: 8, Held: 2}, {Replica: "b", PrefillBlocks: 10, Floor: 10},
 		{Replica: "c", PrefillBlocks: 10, Floor: 10}, {Replica: "d", PrefillBlocks: 10, Floor: 10}}
 	if len(st.Choices) != len(want) {
 		t.Fatalf("choices = %+v, want %+v", st.Choices, want)
@@ -63,7 +63,7 @@ func TestSettle(t *testing.T) {
 			t.Errorf("choice %d = %+v (candidate %d), want %+v", k, st.Choices[k], st.Cands[k], want[k])
 		}
 	}
-	if wc := (kvroute.ChoiceCost{PrefillScale: 2, Blocks: 10, Active: 2, Bound: 30, Eps: scoring.SettleEps}); st.Cost != wc {
+	if wc := (kvroute.ChoiceCost{PrefillScale: 2, Blocks: 10, Active: 2, Bound: 30, Eps: scoring.SettleEps, OverlapCredit: 4, PredictWeight: 0.75}); st.Cost != wc {
 		t.Errorf("cost = %+v, want %+v", st.Cost, wc)
 	}
 	t.Run("no rival", func(t *testing.T) {

@@ -73,7 +73,7 @@ func decodePredictions(v string) []kvroute.Prediction {
 		}
 		for k := range nm {
 			m := v[j+23+11*k:]
-			p.Marks[k] = kvroute.Mark{Depth: int(num(m[:3])), Key: kvroute.BlockKey(binary.BigEndian.Uint64([]byte(m[3:11])))}
+			p.Marks[k] = kvroute.Mark{Depth: int(num(m[:3])), Key: kvroute.BlockKey(uint64(num(m[3:11])))}
 		}
 		out = append(out, p)
 		i = end
