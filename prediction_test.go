@@ -31,10 +31,10 @@ func TestPredictMarks(t *testing.T) {
 	}{
 		{"none", 0, []int{}},
 		{"one block", 1, []int{1}},
-		{"short", 13, []int{1, 2, 4, 8, 13}},
-		{"a stride", 16, []int{1, 2, 4, 8, 16}},
-		{"2,000 tokens", 127, []int{1, 2, 4, 8, 32, 64, 80, 96, 112, 127}},
-		{"long", 2048, []int{1, 2, 4, 8, 1760, 1888, 1952, 1984, 2000, 2016, 2032, 2048}},
+		{"short", 13, []int{1, 2, 4, 8, 12, 13}},
+		{"a stride", 16, []int{1, 2, 4, 8, 12, 16}},
+		{"2,000 tokens", 127, []int{1, 2, 4, 8, 64, 96, 104, 112, 120, 124, 127}},
+		{"long", 2048, []int{1, 2, 4, 8, 1536, 1792, 1920, 1984, 2016, 2024, 2032, 2040, 2044, 2048}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,7 +76,8 @@ func TestPredictionDepth(t *testing.T) {
 		{"the chain itself", chain, 127},
 		{"its next turn", append(append([]kvroute.BlockKey(nil), chain...), 1, 2), 127},
 		{"a sibling parting at 100: the mark below", fork, 96},
-		{"a shorter prefix", chain[:40], 32},
+		{"a prefix far short of the end: the small marks", chain[:40], 8},
+		{"a sibling with a 3-block suffix of its own", append(append([]kvroute.BlockKey(nil), chain[:124]...), 5, 6, 7), 124},
 		{"nothing shared", []kvroute.BlockKey{1, 2, 3}, 0},
 	}
 	for _, tc := range tests {
