@@ -1,6 +1,7 @@
 package tests_test
 
 import (
+	"os"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -316,6 +317,18 @@ func predictCost(b *testing.B, bin, release string, cold bool) {
 		sizes = append(sizes, fmt.Sprintf("%s %d B", f, n))
 	}
 	b.Logf("predicted entries left at the end (predictions-on side): %s", strings.Join(sizes, ", "))
+	if os.Getenv("KVROUTE_PREDICT_STATS") != "" {
+		for _, on := range []bool{true, false} {
+			st, _ := side[on].rc.Info(context.Background(), "commandstats").Result()
+			var keep []string
+			for _, l := range strings.Split(st, "\r\n") {
+				if strings.HasPrefix(l, "cmdstat_eval") || strings.HasPrefix(l, "cmdstat_hmget") || strings.HasPrefix(l, "cmdstat_h") {
+					keep = append(keep, strings.Split(l, ",rejected")[0])
+				}
+			}
+			b.Logf("on=%v commandstats: %s", on, strings.Join(keep, " | "))
+		}
+	}
 	sorted := slices.Clone(tenths)
 	slices.Sort(sorted)
 	b.Logf("Redis process CPU on/off of each tenth of the run: %.3f (median %.3f)", tenths, sorted[len(sorted)/2])

@@ -91,8 +91,11 @@ end
 -- (kvroute.PredictPlan.Timing). Expired records are dropped, a record of
 -- the same owner replaced, and a full list (maxN) drops the record that
 -- expires first. Returns the records dropped unconfirmed.
-local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN)
-  local v = redis.call('HGET', LOAD, R .. '#p')
+local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN, known)
+  -- known is R's field as the caller already read it in this script
+  -- (false: absent), or nil to read it here.
+  local v = known
+  if v == nil then v = redis.call('HGET', LOAD, R .. '#p') end
   local recs = v and pscan(v) or {}
   local kept, expired = {}, 0
   for k = 1, #recs do
@@ -123,15 +126,17 @@ end
 -- that shares a mark (depth and key) with marks (a request's, 11 bytes
 -- each), as {depth, progress, wait} (kvroute.PredictedOverlap over the
 -- marks both have), or nil: what a booking finds that its caller's lookup
--- may have missed.
+-- may have missed. It also returns the fields as read (false: absent),
+-- for predictWrite.
 local function predictFound(LOAD, reps, marks, now)
   local fields = {}
   for j = 1, #reps do fields[j] = reps[j] .. '#p' end
   local vals = redis.call('HMGET', LOAD, unpack(fields))
+  local read = {unpack(vals)}
   local out = {}
   local any = false
   for j = 1, #reps do any = any or vals[j] ~= false end
-  if not any then return out end
+  if not any then return out, read end
   local want, mk = {}, {}
   for m = 1, #marks, 11 do
     local x = psub(marks, m, m + 10)
@@ -178,7 +183,7 @@ local function predictFound(LOAD, reps, marks, now)
       out[j] = best
     end
   end
-  return out
+  return out, read
 end
 
 -- predictEnd applies an event batch to R's records: a record whose

@@ -95,10 +95,13 @@ for j = 1, n do
   cfloor[j] = tonumber(ARGV[head + W * j - 1])
 end
 local pw = tonumber(ARGV[18])
+-- The choices' predicted entries as read here, for the write below.
+local pread
 if ARGV[16] ~= '' and pw > 0 then
   local reps = {}
   for j = 1, n do reps[j] = ARGV[head + W * j - 4] end
-  local found = predictFound(KEYS[1], reps, ARGV[16], tonumber(ARGV[12]))
+  local found
+  found, pread = predictFound(KEYS[1], reps, ARGV[16], tonumber(ARGV[12]))
   local credit = tonumber(ARGV[17])
   for j = 1, n do
     local f = found[j]
@@ -176,6 +179,6 @@ redis.call('ZADD', KEYS[3], exp, id)
 if scraped then cur[2 * best - 1] = value else cur[best] = value end
 if ARGV[16] ~= '' and blocks - tonumber(ARGV[head + W * best]) >= PREDICT_MIN then
   expired = predictWrite(KEYS[1], R, string.sub(id, 1, 64), tonumber(ARGV[12]), ld[1] + pre, tonumber(ARGV[13]),
-    tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], PREDICT_MAX)
+    tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], PREDICT_MAX, pread and pread[best])
 end
 return reply(1, best)
