@@ -31,10 +31,11 @@ const MaxPredictions = 16
 // that in the index anyway.
 const MinPredictBlocks = 4
 
-// MarkStride bounds the small marks (the powers of two below it) of a
-// prediction; a request that shares a predicted chain's first d blocks
-// matches it at the deepest mark at or below d.
-const MarkStride = 16
+// smallMark is the deepest of a prediction's small marks (8, 4, 2, 1):
+// below it the marks near the end stop. A request that shares a
+// predicted chain's first d blocks matches it at the deepest mark at or
+// below d.
+const smallMark = 8
 
 // MaxPredictTTL bounds how long any prediction lives, whatever its
 // prefill estimate: one that outlives its request only misleads.
@@ -63,14 +64,14 @@ func PredictMarks(keys []BlockKey) []Mark {
 	const small = 4 // 8, 4, 2, 1
 	depths := []int{n}
 	step := 4
-	for d := (n - 1) / step * step; d > MarkStride/2 && len(depths) < MaxMarks-small; {
+	for d := (n - 1) / step * step; d > smallMark && len(depths) < MaxMarks-small; {
 		depths = append(depths, d)
 		if len(depths) >= 5 || len(depths)%2 == 1 {
 			step *= 2
 		}
 		d = (d - 1) / step * step
 	}
-	for d := MarkStride / 2; d >= 1; d /= 2 {
+	for d := smallMark; d >= 1; d /= 2 {
 		if d < depths[len(depths)-1] {
 			depths = append(depths, d)
 		}

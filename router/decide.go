@@ -101,28 +101,21 @@ func Decide(cfg Config, in Input, rng scoring.Rand) (Outcome, error) {
 		return Outcome{Result: res}, err
 	}
 	out := outcome(cfg, in, res, maxTokens, decode)
-	out.Predicted, out.PredictionChanged = predictionChanged(sc, sreq, cands, res.Pick)
+	out.Predicted, out.PredictionChanged = predictionChanged(sc, sreq, cands, res)
 	return out, nil
 }
 
-// predictionChanged reports whether any candidate's cost under sc counted
-// a prediction and, if so, whether pick would not be among the cheapest
-// without them.
-func predictionChanged(sc scoring.Config, req scoring.Request, cands []scoring.Candidate, pick int) (predicted, changed bool) {
-	if sc.PredictWeight == 0 || (sc.Policy != scoring.PolicyKV && sc.Policy != "") {
-		return false, false
-	}
-	for _, c := range cands {
-		if c.Predicted > 0 {
-			predicted = true
-			break
+// predictionChanged reports whether any candidate's cost in res counted a
+// prediction (credited more blocks than it holds) and, if so, whether the
+// pick would not be among the cheapest without them.
+func predictionChanged(sc scoring.Config, req scoring.Request, cands []scoring.Candidate, res scoring.Result) (predicted, changed bool) {
+	for _, s := range res.Scores {
+		if s.Matched > s.Held {
+			sc.PredictWeight = 0
+			return true, !scoring.Cheapest(sc, req, cands, res.Pick)
 		}
 	}
-	if !predicted {
-		return false, false
-	}
-	sc.PredictWeight = 0
-	return true, !scoring.Cheapest(sc, req, cands, pick)
+	return false, false
 }
 
 // DecideAs is the Outcome of booking candidate p, scored as Decide scores

@@ -515,8 +515,8 @@ func (r *Router) booked(ctx context.Context, d *Decision, model string, cands ca
 	d.IndexIncomplete = fleet[p].Events != "" && fleet[p].FollowedSince.IsZero()
 	d.Policy, d.Mode, d.Candidates = out.Result.Policy, out.Result.Mode, out.Result.Scores
 	d.Matched, d.Approximate, d.Expires = out.Matched, out.Approximate, out.Lease.Expires
-	if s := out.Result.Scores[p]; s.Predicted > out.Matched && float64(s.Predicted) == s.Matched {
-		d.PredictedBlocks = s.Predicted
+	if s := out.Result.Scores[p]; s.Matched > s.Held {
+		d.PredictedBlocks = s.Predicted // its cost counted them
 	}
 	d.PredictionCounted, d.PredictionChanged = out.Predicted, out.PredictionChanged
 	// Replicas that publish no events are known only from what we send

@@ -104,7 +104,10 @@ func (v *RouterView) Apply(store bool, p int, t kvroute.Tier, keys []kvroute.Blo
 	if t != kvroute.TierGPU {
 		ix = v.host
 	}
-	v.endPredictions(store, p, keys)
+	if t == kvroute.TierGPU {
+		// As apply.lua: GPU stores confirm, GPU removals end.
+		v.endPredictions(store, p, keys)
+	}
 	bit := uint64(1) << uint(p)
 	for _, k := range keys {
 		if store {
