@@ -107,20 +107,11 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rc := router.DefaultConfig()
-	sc := rc.Scoring
 	cfg := app.Config{}
 	var lc logConfig
-	var policy string
 	fs.StringVar(&cfg.Listen, "listen", ":8080", "HTTP listen `address` (all interfaces by default: the pod sits behind a load balancer; 127.0.0.1:8080 with --demo-replicas)")
 	redisFlags(fs, &cfg.Redis, "Redis `URL` (redis:// or rediss://); with neither this nor --redis-addrs, an embedded in-memory Redis runs in this process")
-	fs.StringVar(&policy, "policy", string(sc.Policy), "routing `policy`: "+policyNames())
-	fs.Float64Var(&sc.OverlapCredit, "overlap-credit", sc.OverlapCredit, "prefill blocks one cached block saves (0 disables cache awareness)")
-	fs.Float64Var(&sc.CreditDecay, "credit-decay", sc.CreditDecay, "shrinks the overlap credit of replicas carrying excess prefill (anti-herding)")
-	fs.Float64Var(&sc.PrefillLoadScale, "prefill-load-scale", sc.PrefillLoadScale, "weight of the prefill term against the decode term")
-	fs.Float64Var(&sc.DecodeRequestWeight, "decode-request-weight", sc.DecodeRequestWeight, "blocks charged per active request")
-	fs.Float64Var(&sc.HostWeight, "host-weight", sc.HostWeight, "credit of a block cached only in an offload tier, relative to a GPU block (0..1)")
-	addPredictFlags(fs, &sc, &rc)
-	fs.IntVar(&rc.BlockSize, "block-size", rc.BlockSize, "tokens per KV block; must match the replicas' --block-size")
+	cost := addCostFlags(fs, &rc)
 	fs.DurationVar(&rc.LeaseTTL, "lease-ttl", rc.LeaseTTL, "minimum life of a load booking; the request's predicted duration is added")
 	fs.Uint64Var(&rc.Seed, "seed", rc.Seed, "block-key seed; must be equal on every pod and ingestor sharing a Redis")
 	fs.StringVar(&cfg.ReplicasFile, "replicas-file", "", "`file` holding a JSON array of replicas to register at start")
@@ -166,16 +157,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 		// unless told otherwise it serves this machine only.
 		cfg.Listen = "127.0.0.1:8080"
 	}
-	p, err := scoring.ParsePolicy(policy)
-	if err != nil {
-		return cfg, lc, usageError{fmt.Errorf("--policy: %w", err)}
-	}
-	sc.Policy = p
-	if err := sc.Validate(); err != nil {
+	if err := cost.resolve(&rc); err != nil {
 		return cfg, lc, usageError{err}
-	}
-	if rc.BlockSize <= 0 || !(rc.PrefillTPS > 0) || rc.PredictGrace < 0 {
-		return cfg, lc, usageError{fmt.Errorf("--block-size and --prefill-tps must be positive and --predict-grace not negative, got %d, %v, %v", rc.BlockSize, rc.PrefillTPS, rc.PredictGrace)}
 	}
 	if err := lc.access.resolve(rc); err != nil {
 		return cfg, lc, usageError{err}
@@ -190,10 +173,10 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 		cfg.Tokenizers.Dirs = dirs
 	}
 	cfg.Tokenizers.NoRemote, cfg.Tokenizers.NoTokenForwarding = !tokRemote, !tokForward
+	var err error
 	if rc.Admission, err = adm.config(); err != nil {
 		return cfg, lc, usageError{err}
 	}
-	rc.Scoring = sc
 	cfg.Router = rc
 	return cfg, lc, nil
 }
