@@ -90,9 +90,10 @@ type ran struct {
 }
 
 // queueUp sends the named requests one after another, each once the one
-// before it is counted waiting, so that their arrival order is the given
-// one; their answers arrive on the channel.
-func queueUp(tb testing.TB, r *vllmtest.Replica, path string, names []string, priorities []int) <-chan ran {
+// before it is counted waiting (behind the already waiting before the
+// first), so that their arrival order is the given one; their answers
+// arrive on the channel.
+func queueUp(tb testing.TB, r *vllmtest.Replica, path string, already int, names []string, priorities []int) <-chan ran {
 	tb.Helper()
 	out := make(chan ran, len(names))
 	for i, name := range names {
@@ -108,7 +109,7 @@ func queueUp(tb testing.TB, r *vllmtest.Replica, path string, names []string, pr
 			seq, _ := strconv.Atoi(resp.ID[strings.LastIndexByte(resp.ID, '-')+1:])
 			out <- ran{name: name, seq: seq, err: err}
 		}()
-		waitGauges(tb, r, 1, i+1)
+		waitGauges(tb, r, 1, already+i+1)
 	}
 	return out
 }
@@ -152,7 +153,7 @@ func TestSchedulingPolicy(t *testing.T) {
 				r := start(t, vllmtest.Config{MaxRunning: 1, DecodeTokensPerSec: 1, SchedulingPolicy: tt.policy})
 				unblock := block(t, r, path)
 				names := []string{"a", "b", "c", "d"}[:len(tt.priorities)]
-				ch := queueUp(t, r, path, names, tt.priorities)
+				ch := queueUp(t, r, path, 0, names, tt.priorities)
 				unblock()
 				if got := order(t, ch, len(names)); !reflect.DeepEqual(got, tt.want) {
 					t.Errorf("ran in order %v, want %v", got, tt.want)
@@ -214,9 +215,10 @@ func TestWaitingClientLeaves(t *testing.T) {
 		left <- err
 	}()
 	waitGauges(t, r, 1, 1)
-	ch := queueUp(t, r, "/v1/completions", []string{"after"}, []int{1})
-	// queueUp waited for one waiting, already true: wait for the second.
-	waitGauges(t, r, 1, 2)
+	// One is waiting already: queueUp waits for the second. (Waiting for
+	// "one waiting" again raced the second's arrival: the gauge read 2
+	// and never 1 again.)
+	ch := queueUp(t, r, "/v1/completions", 1, []string{"after"}, []int{1})
 	cancel()
 	if err := wait.Recv(t, "the leaving client's error", left); err == nil {
 		t.Error("the cancelled request succeeded, want an error")
