@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -17,7 +18,9 @@ import (
 // that lost a booking race scores again with the contested replica's
 // fresh load; if the pick stays, it books it within its new slack, and if
 // the pick moves, it re-reads every load and scores again. It does so up
-// to maxBookingAttempts times or for bookingBudget, then books regardless.
+// to maxBookingAttempts times or for bookingBudget, then books regardless:
+// under the kv cost, still settled by the store, on the cheapest of its
+// choices as the loads are then.
 // Retrying until the race is won is what makes a burst of simultaneous
 // decisions from many pods place exactly as the same decisions in
 // sequence (64 over two pods: 43 of 64 on the prompt's holder either way);
@@ -44,21 +47,32 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 	// does not settle: slackDue says the pick's slack at its load as read
 	// is still to be found.
 	var within *kvroute.Load
-	slackDue := true
+	slackDue, forcedSettle := true, false
 	for attempt := 0; ; attempt++ {
 		// After a few lost races the booking goes through regardless: a
 		// decision must finish, and the loser's view is at most a few
 		// bookings stale.
 		p := out.Pick
 		ifVersion := loads[p].Version
-		if attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget {
+		force := attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget
+		if force {
 			ifVersion, within, slackDue = -1, nil, false
 		}
 		// A merged candidate's load is several entries' the store does
 		// not add up: it is booked on the version scored instead.
-		if st, ok := r.settle(in, out); ok && ifVersion >= 0 && !ids.merged() {
+		if st, ok := r.settle(in, out); ok && !ids.merged() && (ifVersion >= 0 || !forcedSettle) {
 			// The store books the cheapest of the pick and its nearest
-			// rivals by their loads as they are (settle.go).
+			// rivals by their loads as they are (settle.go). Out of
+			// attempts or time, it still does, whatever the rivals left
+			// out cost (an infinite bound): booking the pick as scored
+			// would ignore what the bookings made since the lookup wrote,
+			// the predictions of a burst's first bookings above all (on a
+			// busy machine a burst's decisions pass bookingBudget before
+			// their first attempt, and every one of them then booked the
+			// replica its lookup saw least loaded).
+			if force {
+				st.Cost.Bound, forcedSettle = math.Inf(1), true
+			}
 			if o, done, err := r.bookSettled(ctx, in, loads, out, st, attempt, tm); done {
 				return o, err
 			}

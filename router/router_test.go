@@ -125,6 +125,38 @@ func TestRoute(t *testing.T) {
 			t.Errorf("r1 load = %+v, want this request's 4 prefill blocks and 1 request booked on it", got)
 		}
 	})
+	t.Run("a decision past its booking budget is still settled in the store", func(t *testing.T) {
+		// The lookup and scoring took longer than the booking budget (a
+		// busy machine): the booking goes through at once, but on the
+		// loads as the store finds them, so r0, booked heavily since the
+		// read, is not booked on the strength of a stale view.
+		mem := mock.NewMemory(fleet(2, true)...)
+		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 5})
+		var clock time.Time
+		now := func() time.Time { clock = clock.Add(time.Second); return clock }
+		idx := mem.Index()
+		best, calls := idx.ReserveBestFn, 0
+		idx.ReserveBestFn = func(ctx context.Context, l kvroute.Lease, choices []kvroute.Choice, cost kvroute.ChoiceCost) (int, []kvroute.Load, error) {
+			calls++
+			cur := mem.Load("r0")
+			cur.PrefillBlocks += 1000
+			cur.Version++
+			mem.SetLoad("r0", cur)
+			return best(ctx, l, choices, cost)
+		}
+		idx.ReserveFn = func(context.Context, kvroute.Lease, int64) (bool, kvroute.Load, error) {
+			t.Error("booked regardless of the loads: the store should have settled it")
+			return true, kvroute.Load{}, nil
+		}
+		r := newRouter(t, idx, mem.Registry(), now)
+		d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Replica.ID != "r1" || calls != 1 {
+			t.Errorf("picked %s in %d bookings, want r1 in one", d.Replica.ID, calls)
+		}
+	})
 	t.Run("lost booking race re-scores", func(t *testing.T) {
 		mem := mock.NewMemory(fleet(2, true)...)
 		mem.SetLoad("r1", kvroute.Load{PrefillBlocks: 5}) // r0 is the obvious pick...
