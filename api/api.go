@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -148,6 +149,13 @@ type Config struct {
 	// decisions while others are routable; zero means
 	// DefaultSuspectTTL.
 	SuspectTTL time.Duration
+	// AccessLog says which requests get an access-log line; zero means
+	// AccessLogSampled: every error, and one in AccessLogEvery of the
+	// rest.
+	AccessLog AccessLogMode
+	// AccessLogEvery is the sampled mode's one line in so many
+	// successful requests; zero means DefaultAccessLogEvery.
+	AccessLogEvery int
 	// MaxQueueWait is the longest the router may keep a request waiting
 	// for admission (its queue's TTL): a decision's deadline is Timeout
 	// plus the request's wait, at most this. Zero means
@@ -183,6 +191,9 @@ type Server struct {
 	// PriorityScheduling: they get the bare body until their
 	// registration changes (priority.go).
 	noPriority sync.Map
+	// accessSeen counts the successful requests the sampled access log
+	// has seen.
+	accessSeen atomic.Uint64
 }
 
 // New checks cfg, registers the metrics and builds the routes.
@@ -194,6 +205,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("api: Config.Registry is required")
 	}
 	cfg.defaults()
+	if _, err := ParseAccessLogMode(string(cfg.AccessLog)); err != nil {
+		return nil, fmt.Errorf("api: Config.AccessLog: %w", err)
+	}
 	cfg.telemetry()
 	m, err := newMetrics(cfg.MeterProvider, cfg.Registry)
 	if err != nil {
@@ -254,6 +268,12 @@ func (cfg *Config) defaults() {
 	}
 	if cfg.SuspectTTL <= 0 {
 		cfg.SuspectTTL = DefaultSuspectTTL
+	}
+	if cfg.AccessLog == "" {
+		cfg.AccessLog = AccessLogSampled
+	}
+	if cfg.AccessLogEvery <= 0 {
+		cfg.AccessLogEvery = DefaultAccessLogEvery
 	}
 	switch {
 	case cfg.MaxQueueWait == 0:

@@ -62,7 +62,8 @@ func untraced(path string) bool {
 }
 
 // accessLog starts the request's server span (the caller's traceparent
-// its parent), writes one structured line per request with the span's
+// its parent), writes a structured line for the requests Config.AccessLog
+// says (accesslog.go) with the span's
 // context (the log handler adds trace_id and span_id), and ends the span
 // with the route and status. It wraps the writer with chi's
 // WrapResponseWriter, which keeps http.Flusher (and Unwrap for
@@ -96,11 +97,9 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 				}
 				span.End()
 			}
-			// Probes and scrapes arrive every few seconds from every
-			// orchestrator; they would drown the lines that matter.
-			level := slog.LevelInfo
-			if probe {
-				level = slog.LevelDebug
+			level, ok := s.accessLevel(status, probe)
+			if !ok {
+				return
 			}
 			s.log.LogAttrs(r.Context(), level, "http",
 				slog.String("method", r.Method), slog.String("path", r.URL.Path),

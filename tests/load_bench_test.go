@@ -131,10 +131,12 @@ func loadRedis(tb testing.TB) (string, *redis.Client) {
 type loadPod struct {
 	base string
 	cmd  *exec.Cmd
+	log  string // the file its stderr goes to
 }
 
 // startPods runs n `kvroute serve` processes against url, each on a port
-// picked here, logs (one access line per request, as in production) to a
+// picked here, logs (the default access log: every error, one in a
+// hundred of the rest) to a
 // file, and waits until each answers /readyz.
 func startPods(tb testing.TB, bin, url string, n int, extra ...string) []*loadPod {
 	return startProcs(tb, n, func(addr string) *exec.Cmd {
@@ -150,7 +152,8 @@ func startProcs(tb testing.TB, n int, mk func(addr string) *exec.Cmd) []*loadPod
 	dir := tb.TempDir()
 	for i := range n {
 		addr := "127.0.0.1:" + strconv.Itoa(freePort(tb))
-		logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("pod%d.log", i)))
+		logPath := filepath.Join(dir, fmt.Sprintf("pod%d.log", i))
+		logf, err := os.Create(logPath)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -159,7 +162,7 @@ func startProcs(tb testing.TB, n int, mk func(addr string) *exec.Cmd) []*loadPod
 		if err := cmd.Start(); err != nil {
 			tb.Fatal(err)
 		}
-		p := &loadPod{base: "http://" + addr, cmd: cmd}
+		p := &loadPod{base: "http://" + addr, cmd: cmd, log: logPath}
 		pods = append(pods, p)
 		tb.Cleanup(func() {
 			_ = cmd.Process.Signal(syscall.SIGTERM)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kvroute/kvroute/api"
 	"github.com/kvroute/kvroute/internal/app"
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/internal/wait"
@@ -102,7 +103,7 @@ func newTracedPod(t *testing.T, up *tracedUpstream) *tracedPod {
 	rc := router.DefaultConfig()
 	rc.RegistryTTL = 50 * time.Millisecond
 	a, err := app.New(ctx, app.Config{Listen: "127.0.0.1:0", RedisURL: p.redisURL, Router: rc,
-		Logger: slog.New(slog.NewJSONHandler(p.logs, nil))})
+		Logger: slog.New(slog.NewJSONHandler(p.logs, nil)), AccessLog: api.AccessLogAll})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -129,8 +130,7 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.BoolVar(&tokForward, "token-forwarding", true, "forward a completion's text prompt to the replica as the token ids kvroute computed, so the engine does not tokenize again")
 	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
 	lc.discover.register(fs)
-	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
-	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
+	addLogFlags(fs, &cfg, &lc)
 	lc.access = addAccessFlags(fs, &rc)
 	adm := addAdmissionFlags(fs)
 	fs.StringVar(&cfg.Pod, "pod-name", "", "`name` this pod is told of its queued requests' admission by; must be unique among the pods sharing a Redis (default: a random id)")
@@ -235,6 +235,26 @@ func policyNames() string {
 		names[i] = string(p)
 	}
 	return strings.Join(names, ", ")
+}
+
+// addLogFlags registers the flags of the process's log and of the API's
+// access log.
+func addLogFlags(fs *flag.FlagSet, cfg *app.Config, lc *logConfig) {
+	fs.StringVar(&lc.level, "log-level", "info", "log `level`: debug, info, warn or error")
+	fs.StringVar(&lc.format, "log-format", "text", "log `format`: text or json")
+	cfg.AccessLog, cfg.AccessLogEvery = api.AccessLogSampled, api.DefaultAccessLogEvery
+	fs.Func("access-log", "which requests get an access-log line, `mode`: off, errors (status >= 400), sampled (errors and one in --access-log-every of the rest) or all (default sampled)", func(v string) (err error) {
+		cfg.AccessLog, err = api.ParseAccessLogMode(v)
+		return err
+	})
+	fs.Func("access-log-every", "sampled access log: one line in `N` successful requests (default 100)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("want a whole number of at least 1, got %q", v)
+		}
+		cfg.AccessLogEvery = n
+		return nil
+	})
 }
 
 func newLogger(w io.Writer, lc logConfig) (*slog.Logger, error) {

@@ -77,6 +77,11 @@ type Config struct {
 	// injected resolver, whose Policy is then the one enforced at connect
 	// time (ReplicaPolicy still checks registrations).
 	Dialer *dialer.Dialer
+	// AccessLog and AccessLogEvery say which requests get an access-log
+	// line (api.Config's fields of those names); zero values mean the
+	// API's defaults: every error and one in a hundred of the rest.
+	AccessLog      api.AccessLogMode
+	AccessLogEvery int
 	// ShutdownTimeout bounds the graceful drain of in-flight requests
 	// (proxied streams included) on Stop; default 10s.
 	ShutdownTimeout time.Duration
@@ -228,6 +233,8 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		MaxTokens:         cfg.MaxTokens,
 		Timeout:           cfg.RequestTimeout,
+		AccessLog:         cfg.AccessLog,
+		AccessLogEvery:    cfg.AccessLogEvery,
 		Access:            cfg.Access,
 		ReplicaPolicy:     cfg.ReplicaPolicy,
 		Transport:         a.Dialer.Transport(),
