@@ -2,13 +2,16 @@ package store_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -441,4 +444,60 @@ func TestClusterURL(t *testing.T) {
 			t.Errorf("NewClient with addr= and Addrs = %v, want an error saying to give the seeds one way", err)
 		}
 	})
+}
+
+// TestClusterNodeURL: a single server's URL that names one node of a
+// Cluster (finding 3 of issue 23: every call for another node's slots
+// failed on MOVED while the pod reported the store up) opens the Cluster
+// from that node, with a warning naming the flags that say so, and every
+// model's keys are served, whichever node holds their slot.
+func TestClusterNodeURL(t *testing.T) {
+	c := redistest.Cluster(t, 3)
+	m1, m2 := twoModels(t, c)
+	var logs lockedBuffer
+	for i, addr := range c.Addrs() {
+		t.Run("node "+strconv.Itoa(i), func(t *testing.T) {
+			cfg := store.Config{URL: "redis://" + addr}
+			if got := cfg.Topology(); got != "single" {
+				t.Fatalf("topology = %q, want single: the URL names one server", got)
+			}
+			clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+			s, err := store.OpenConfig(context.Background(), cfg, store.Options{Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for _, m := range []string{m1, m2} {
+				id := m + "-node" + strconv.Itoa(i)
+				if err := s.PutReplica(context.Background(), kvroute.Replica{ID: id, Model: m, URL: "http://127.0.0.1:1"}); err != nil {
+					t.Fatalf("put replica of %s: %v", m, err)
+				}
+				if _, err := s.Loads(context.Background(), m, []string{id}); err != nil {
+					t.Errorf("loads of %s (slot on primary %d): %v", m, c.Primary(t, "kvr:{m:"+m+"}:load"), err)
+				}
+			}
+		})
+	}
+	if got := logs.String(); !strings.Contains(got, "node of a Redis Cluster") || !strings.Contains(got, "--redis-addrs") {
+		t.Errorf("log = %q, want a warning that names --redis-addrs", got)
+	}
+}
+
+// lockedBuffer is a log sink that go-redis's goroutines may write to
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

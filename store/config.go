@@ -226,7 +226,36 @@ func readURL(primary, read string) (string, error) {
 // so that a bad address or password fails at startup rather than on the
 // first request. go-redis's own log lines (one logger per process) go to
 // opt.Logger from here on, rate-limited (redislog.go).
+//
+// A single server's URL that names one node of a Redis Cluster would
+// work for the keys of that node's slots and answer MOVED for the rest,
+// with the pod ready and the store reported up: the node is asked (INFO
+// cluster) and, when it is one, the Cluster is followed from it as from a
+// configuration endpoint (Config.Cluster), with a warning naming the
+// flags that say so.
 func OpenConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
+	s, err := openConfig(ctx, c, opt)
+	if err != nil || c.Topology() != "single" || c.ReadURL != "" || !s.clusterNode(ctx) {
+		return s, err
+	}
+	_ = s.Close()
+	c.Cluster = true
+	if opt.Logger != nil {
+		opt.Logger.Warn("store: the Redis server named is a node of a Redis Cluster: following the Cluster from it; say so with --redis-cluster, or give every seed with --redis-addrs",
+			"redis", c.String())
+	}
+	return openConfig(ctx, c, opt)
+}
+
+// clusterNode reports whether the server answers as a Cluster node. A
+// server that refuses INFO (an ACL without it, the embedded server) is
+// taken for what the configuration says.
+func (s *Store) clusterNode(ctx context.Context) bool {
+	info, err := s.c.Info(ctx, "cluster").Result()
+	return err == nil && strings.Contains(info, "cluster_enabled:1")
+}
+
+func openConfig(ctx context.Context, c Config, opt Options) (*Store, error) {
 	logRedisTo(opt.Logger, opt.Now)
 	rc, err := NewClient(c)
 	if err != nil {
