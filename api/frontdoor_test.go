@@ -30,11 +30,21 @@ func withLocalModel(tb testing.TB, reg *prometheus.Registry) option {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := prompt.New(prompt.Config{Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}, Template: tmpl}}})
+	// Its files are trusted (VerifyMatches < 0): TestForwardingVerified
+	// covers the verification.
+	return withPrompts(tb, reg, prompt.Config{Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}, Template: tmpl}}, VerifyMatches: -1})
+}
+
+// withPrompts gives the API a front door built from cfg, and the API's
+// metrics in reg.
+func withPrompts(tb testing.TB, reg *prometheus.Registry, cfg prompt.Config) option {
+	tb.Helper()
+	metrics := withRegistry(tb, reg)
+	r, err := prompt.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	metrics := withRegistry(tb, reg)
+	tb.Cleanup(r.Close)
 	return func(c *api.Config) {
 		c.Prompts = r
 		metrics(c)

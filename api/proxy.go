@@ -384,7 +384,7 @@ func (s *Server) forwardBody(body []byte, oa *openAIRequest, req router.Request,
 	if oa.Priority == nil && req.Priority != 0 {
 		edits[priorityField] = req.Priority
 	}
-	if text && !s.cfg.NoTokenForwarding && d.prompt.Source == prompt.SourceLocal && d.prompt.Partial == "" {
+	if text && !s.cfg.NoTokenForwarding && d.prompt.Forward {
 		edits["prompt"] = d.prompt.Tokens
 	}
 	if oa.Stream {

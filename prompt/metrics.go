@@ -25,6 +25,9 @@ type metrics struct {
 	blind       counterVec
 	shadow      counterVec
 	remoteCache counterVec
+	// forwardChecks counts the comparisons that verify a local
+	// tokenizer before its ids are forwarded (verify.go).
+	forwardChecks counterVec
 }
 
 func newMetrics(mp metric.MeterProvider, r *Resolver) (*metrics, error) {
@@ -43,8 +46,10 @@ func newMetrics(mp metric.MeterProvider, r *Resolver) (*metrics, error) {
 		blind:       cv("kvroute_prompts_cache_blind_total", "Prompts that could not be tokenized, so their decisions were cache-blind, by model and reason.", "model", "reason"),
 		shadow:      cv("kvroute_tokenizer_shadow_total", "Locally tokenized prompts also tokenized by a replica, by model and result (match, mismatch, error, skipped).", "model", "result"),
 		remoteCache: cv("kvroute_remote_tokenize_cache_total", "Lookups of the remote-tokenization cache, by result (hit, miss).", "result"),
+		forwardChecks: cv("kvroute_token_forwarding_checks_total",
+			"Local tokenizations compared with a replica's before the model's token ids are forwarded, by model and result (match, mismatch, error); a mismatch stops forwarding.", "model", "result"),
 	}
-	errs = append(errs, observeCaches(mt, r))
+	errs = append(errs, observeCaches(mt, r), observeForwarding(mt, r))
 	return m, errors.Join(errs...)
 }
 
@@ -105,5 +110,21 @@ func observeCaches(mt metric.Meter, r *Resolver) error {
 		}
 		return nil
 	}, hits, misses, evictions, bytes)
+	return err
+}
+
+// observeForwarding exports each local model's token-forwarding state.
+func observeForwarding(mt metric.Meter, r *Resolver) error {
+	g, err := mt.Int64ObservableGauge("kvroute_token_forwarding",
+		metric.WithDescription("Whether a local model's text prompts are forwarded as kvroute's token ids: 1 forwarding, 0 verifying its tokenizer against a replica's, -1 stopped after a mismatch."))
+	if err != nil {
+		return err
+	}
+	_, err = mt.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for name := range r.cfg.Models {
+			o.ObserveInt64(g, r.forwardingState(name), metric.WithAttributes(attribute.String("model", name)))
+		}
+		return nil
+	}, g)
 	return err
 }

@@ -77,6 +77,10 @@ type Result struct {
 	Blind string
 	// Partial is why only a prefix was keyed; empty when all was.
 	Partial string
+	// Forward says Tokens may go to the engine in place of the text: a
+	// whole text prompt tokenized by a local tokenizer shown to agree
+	// with the model's replicas (verify.go).
+	Forward bool
 }
 
 // Remote tokenizes on one of the model's replicas (vLLM's /tokenize or
@@ -106,6 +110,12 @@ type Config struct {
 	// prompt sampled while the bound is reached is not shadowed. Zero
 	// means 4.
 	ShadowConcurrency int
+	// VerifyMatches is how many of a local model's text tokenizations
+	// must equal its replicas' (Remote) before Result.Forward lets its
+	// ids be forwarded in place of the text (verify.go); zero means
+	// DefaultVerifyMatches, negative forwards without verifying. With no
+	// Remote nothing can be verified and nothing is forwarded.
+	VerifyMatches int
 	// Rand samples the shadowed prompts; nil means a random source.
 	Rand func() float64
 	// Logger receives shadow mismatches and remote failures; nil
@@ -123,6 +133,7 @@ type Resolver struct {
 	m      *metrics
 	remote *remoteCache
 	shadow chan struct{}
+	fwd    forwarding
 	wg     sync.WaitGroup
 }
 
@@ -142,6 +153,9 @@ func New(cfg Config) (*Resolver, error) {
 	}
 	if cfg.ShadowConcurrency <= 0 {
 		cfg.ShadowConcurrency = 4
+	}
+	if cfg.VerifyMatches == 0 {
+		cfg.VerifyMatches = DefaultVerifyMatches
 	}
 	if cfg.RemoteCacheBytes == 0 {
 		cfg.RemoteCacheBytes = 32 << 20
@@ -199,6 +213,7 @@ func (r *Resolver) resolve(ctx context.Context, in Input) (Result, error) {
 			if r.cfg.ShadowRate > 0 && res.Partial == "" && r.cfg.Rand() < r.cfg.ShadowRate {
 				r.shadowCompare(req, res.Tokens)
 			}
+			res.Forward = res.Partial == "" && r.forwardable(req, res.Tokens)
 			return res, nil
 		}
 	}

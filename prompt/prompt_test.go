@@ -172,6 +172,7 @@ func TestShadow(t *testing.T) {
 			r := newResolver(t, prompt.Config{
 				Models: map[string]*prompt.Model{"m": {Encoder: mock.ByteEncoder{}}},
 				Remote: rem, ShadowRate: 1, Rand: func() float64 { return 0 }, MeterProvider: mp,
+				VerifyMatches: -1, // no forwarding check beside the shadow's
 			})
 			got, err := r.Resolve(context.Background(), text("m", "a"))
 			if err != nil {

@@ -38,6 +38,7 @@ func (r *Resolver) shadowCompare(req kvroute.TokenizeRequest, local []uint32) {
 			return
 		}
 		r.m.shadow.WithLabelValues(req.Model, "mismatch").Inc()
+		r.stopForwarding(req.Model, at, local, remote)
 		r.log.Error("tokenizer mismatch: kvroute's tokens differ from the engine's, so this model's prompts miss the cache from there on",
 			"model", req.Model, "chat", req.Chat(), "position", at,
 			"local_tokens", len(local), "remote_tokens", len(remote),

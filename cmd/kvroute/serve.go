@@ -127,7 +127,8 @@ func parseServe(args []string, getenv func(string) string, stderr io.Writer) (ap
 	fs.DurationVar(&cfg.Tokenizers.RemoteTimeout, "tokenizer-timeout", 2*time.Second, "deadline of one remote tokenization")
 	fs.Float64Var(&cfg.Tokenizers.ShadowRate, "tokenizer-shadow-rate", 0, "fraction (0..1) of locally tokenized prompts also tokenized by a replica and compared; mismatches are counted and logged")
 	fs.Int64Var(&cfg.Tokenizers.CacheBytes, "tokenizer-cache-bytes", 64<<20, "tokenization cache per local model, in bytes (multi-turn prompts cost only their new text); negative disables it")
-	fs.BoolVar(&tokForward, "token-forwarding", true, "forward a completion's text prompt to the replica as the token ids kvroute computed, so the engine does not tokenize again")
+	fs.BoolVar(&tokForward, "token-forwarding", true, "forward a completion's text prompt to the replica as the token ids kvroute computed, so the engine does not tokenize again (once verified: --token-forwarding-verify)")
+	addVerifyFlag(fs, &cfg.Tokenizers)
 	fs.IntVar(&lc.demoReplicas, "demo-replicas", 0, "start `N` simulated vLLM replicas of model \"demo\" in this process and register them (try-it mode)")
 	lc.discover.register(fs)
 	addLogFlags(fs, &cfg, &lc)
@@ -235,6 +236,21 @@ func policyNames() string {
 		names[i] = string(p)
 	}
 	return strings.Join(names, ", ")
+}
+
+// addVerifyFlag registers --token-forwarding-verify, whose 0 (forward
+// unverified) is the front door's negative.
+func addVerifyFlag(fs *flag.FlagSet, t *app.Tokenizers) {
+	fs.Func("token-forwarding-verify", "`N` text tokenizations of a local model compared with a replica's /tokenize, all equal, before its ids are forwarded; the first mismatch stops forwarding for the model (default 3; 0 forwards unverified, trusting the files)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("want a whole number of at least 0, got %q", v)
+		}
+		if t.VerifyMatches = n; n == 0 {
+			t.VerifyMatches = -1
+		}
+		return nil
+	})
 }
 
 // addLogFlags registers the flags of the process's log and of the API's

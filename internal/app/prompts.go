@@ -34,6 +34,11 @@ type Tokenizers struct {
 	// NoTokenForwarding keeps completions' text prompts as sent instead
 	// of forwarding kvroute's ids.
 	NoTokenForwarding bool
+	// VerifyMatches is how many of a local model's text tokenizations
+	// must equal a replica's before its ids are forwarded
+	// (prompt.Config.VerifyMatches); zero means
+	// prompt.DefaultVerifyMatches, negative forwards unverified.
+	VerifyMatches int
 }
 
 // buildPrompts loads every local model's files and builds the front door.
@@ -64,7 +69,8 @@ func (a *App) buildPrompts(t Tokenizers) (*prompt.Resolver, error) {
 			return nil, err
 		}
 	}
-	cfg := prompt.Config{Models: models, ShadowRate: t.ShadowRate, Logger: a.log.With("component", "prompt"), MeterProvider: a.tel.MeterProvider}
+	cfg := prompt.Config{Models: models, ShadowRate: t.ShadowRate, VerifyMatches: t.VerifyMatches,
+		Logger: a.log.With("component", "prompt"), MeterProvider: a.tel.MeterProvider}
 	if !t.NoRemote {
 		rc, err := remote.New(remote.Config{Replicas: a.Router.Fleet, Timeout: t.RemoteTimeout, Transport: a.Dialer.Transport()})
 		if err != nil {
