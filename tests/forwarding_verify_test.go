@@ -117,4 +117,3 @@ func TestTokenForwardingVerified(t *testing.T) {
 		})
 	}
 }
-
