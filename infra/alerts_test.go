@@ -73,9 +73,9 @@ func (f ruleFile) alerts() []rule {
 	return out
 }
 
-// lookTool finds a binary the monitoring tests run (promtool,
-// prometheus: Debian's prometheus package, which scripts/ensure-deps.sh
-// installs). Without it the test is skipped, or fails when CI is set, so
+// lookTool finds a binary the monitoring tests run (promtool and
+// prometheus, from Debian's prometheus package; redis-server), which
+// scripts/ensure-deps.sh installs. Without it the test is skipped, or fails when CI is set, so
 // that CI cannot pass by skipping.
 func lookTool(tb testing.TB, name string) string {
 	tb.Helper()
@@ -84,9 +84,9 @@ func lookTool(tb testing.TB, name string) string {
 		return p
 	}
 	if os.Getenv("CI") != "" {
-		tb.Fatalf("%s is not installed, and CI is set: run scripts/ensure-deps.sh (Debian's prometheus package)", name)
+		tb.Fatalf("%s is not installed, and CI is set: run scripts/ensure-deps.sh", name)
 	}
-	tb.Skipf("%s is not installed (apt-get install prometheus, or scripts/ensure-deps.sh); CI fails here instead", name)
+	tb.Skipf("%s is not installed (scripts/ensure-deps.sh installs it); CI fails here instead", name)
 	return ""
 }
 
