@@ -197,9 +197,17 @@ func TestPrometheusRuleManifest(t *testing.T) {
 	if len(got.Groups) != len(want.Groups) {
 		t.Fatalf("%s: %d groups, want %d (as %s)", ruleManifest, len(got.Groups), len(want.Groups), rulesFile)
 	}
-	for i := range want.Groups {
-		if !reflect.DeepEqual(got.Groups[i], want.Groups[i]) {
-			t.Errorf("group %d differs from %s's:\n\tgot  %+v\n\twant %+v", i, rulesFile, got.Groups[i], want.Groups[i])
+	for i, w := range want.Groups {
+		g := got.Groups[i]
+		if g.Name != w.Name || g.Interval != w.Interval || len(g.Rules) != len(w.Rules) {
+			t.Errorf("group %d: got %s (interval %q, %d rules), want %s (interval %q, %d rules) as %s", i,
+				g.Name, g.Interval, len(g.Rules), w.Name, w.Interval, len(w.Rules), rulesFile)
+			continue
+		}
+		for j := range w.Rules {
+			if !reflect.DeepEqual(g.Rules[j], w.Rules[j]) {
+				t.Errorf("group %s, rule %s differs from %s's:\n\tgot  %+v\n\twant %+v", w.Name, w.Rules[j].Alert, rulesFile, g.Rules[j], w.Rules[j])
+			}
 		}
 	}
 }

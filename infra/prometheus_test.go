@@ -89,6 +89,14 @@ func TestPrometheusStoreDownAlert(t *testing.T) {
 		return nil
 	})
 	t.Logf("KvrouteStoreDown fired %v after Redis stopped", time.Since(outage).Round(time.Millisecond))
+	// Both of the alert's causes were there: the gauge read 0, and the
+	// failed commands were counted.
+	if v, err := prom.scalar(`min(min_over_time(kvroute_store_up{job="kvroute"}[1m]))`); err != nil || v != 0 {
+		t.Errorf("kvroute_store_up's minimum during the outage: %v, %v; want 0", v, err)
+	}
+	if v, err := prom.scalar(`sum(increase(kvroute_redis_errors_total{job="kvroute"}[1m]))`); err != nil || v <= 0 {
+		t.Errorf("Redis errors counted during the outage: %v, %v; want some", v, err)
+	}
 
 	rp.start()
 	back := time.Now()
@@ -333,6 +341,7 @@ func (s *promServer) ruleState(name string) (string, error) {
 type redisProc struct {
 	tb   testing.TB
 	port int
+	dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -343,7 +352,7 @@ func startRedisProc(tb testing.TB) *redisProc {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := &redisProc{tb: tb, port: ln.Addr().(*net.TCPAddr).Port}
+	p := &redisProc{tb: tb, port: ln.Addr().(*net.TCPAddr).Port, dir: tb.TempDir()}
 	ln.Close()
 	p.start()
 	tb.Cleanup(p.stop)
@@ -356,7 +365,7 @@ func (p *redisProc) url() string { return "redis://127.0.0.1:" + strconv.Itoa(p.
 func (p *redisProc) start() {
 	p.tb.Helper()
 	p.cmd = exec.Command("redis-server", "--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", p.tb.TempDir())
+		"--save", "", "--appendonly", "no", "--dir", p.dir)
 	if err := p.cmd.Start(); err != nil {
 		p.tb.Fatalf("redis-server: %v", err)
 	}
