@@ -109,6 +109,15 @@ type secretTargetRef struct {
 	Key       string `json:"key"`
 }
 
+// prometheusRule mirrors the Prometheus Operator's monitoring.coreos.com/v1
+// PrometheusRule: its spec is a rule file's groups, decoded strictly into
+// the type the rule file itself is read with (ruleFile).
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              ruleFile `json:"spec"`
+}
+
 // objects is one set of manifests: a file, or an overlay as kustomize
 // renders it.
 type objects struct {
@@ -127,6 +136,7 @@ type objects struct {
 	TriggerAuths    []triggerAuthentication
 	Roles           []rbacv1.Role
 	RoleBindings    []rbacv1.RoleBinding
+	PrometheusRules []prometheusRule
 }
 
 var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
@@ -164,6 +174,7 @@ var decoders = map[string]func(o *objects, strict func(any) error) error{
 	"http.keda.sh/v1alpha1 HTTPScaledObject":   func(o *objects, s func(any) error) error { return decodeAppend(s, &o.HTTPScaled) },
 	"keda.sh/v1alpha1 ScaledObject":            func(o *objects, s func(any) error) error { return decodeAppend(s, &o.Scaled) },
 	"keda.sh/v1alpha1 TriggerAuthentication":   func(o *objects, s func(any) error) error { return decodeAppend(s, &o.TriggerAuths) },
+	"monitoring.coreos.com/v1 PrometheusRule":  func(o *objects, s func(any) error) error { return decodeAppend(s, &o.PrometheusRules) },
 }
 
 // knownKinds are the kinds in decoders, by kind alone (as kustomize's

@@ -19,6 +19,18 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 echo "ensure-deps: $(redis-server --version | cut -d' ' -f1-3)"
 
+# prometheus and promtool (Debian's prometheus package) run the alerts'
+# tests (infra/alerts_test.go, infra/prometheus_test.go): promtool checks
+# and unit-tests the rule file, a real prometheus scrapes a pod and fires
+# them. Without recommends (node-exporter and its service are not needed).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "ensure-deps: promtool missing; installing prometheus from Debian's packages"
+  apt_install --no-install-recommends prometheus
+  # The package starts a system service on 9090; the tests start their own.
+  $SUDO systemctl stop prometheus >/dev/null 2>&1 || $SUDO service prometheus stop >/dev/null 2>&1 || true
+fi
+echo "ensure-deps: $(promtool --version 2>&1 | head -1)"
+
 # dnsmasq is the real DNS server the discovery tests start on loopback
 # (internal/dnstest); Debian's dnsmasq-base ships /usr/sbin/dnsmasq without
 # the system service.
