@@ -65,11 +65,12 @@ func (b *cutBody) Read(p []byte) (int, error) {
 		}
 	}
 	n := copy(p, b.out)
-	b.out = b.out[n:]
-	if len(b.out) == 0 && b.end != nil {
-		return n, b.end
+	if n < len(b.out) {
+		b.out = b.out[n:]
+		return n, nil
 	}
-	return n, nil
+	b.out = b.out[:0] // its array serves the next events
+	return n, b.end
 }
 
 // take passes the whole events of what was just read and holds the rest.
