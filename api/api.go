@@ -140,6 +140,21 @@ type Config struct {
 	// when its replica fails before any response byte (connection
 	// refused or reset); zero means DefaultProxyRetries, negative none.
 	ProxyRetries int
+	// ProxyHeaderTimeout bounds how long a proxied streaming request
+	// waits for its replica's response headers (vLLM sends a stream's at
+	// once), and is the floor of a non-streaming request's bound
+	// (headerBound, bound.go). A replica that misses it is marked suspect
+	// and the request fails over as if refused. Zero means
+	// DefaultProxyHeaderTimeout; negative, no bound.
+	ProxyHeaderTimeout time.Duration
+	// ProxyResponseFactor multiplies a non-streaming request's predicted
+	// duration (prompt over PrefillTPS plus max_tokens over DecodeTPS)
+	// in its bound; zero means DefaultProxyResponseFactor.
+	ProxyResponseFactor float64
+	// PrefillTPS and DecodeTPS are the router's engine speeds
+	// (router.Config), which predict a non-streaming request's duration
+	// as they predict its booking's; zero means router.DefaultConfig()'s.
+	PrefillTPS, DecodeTPS float64
 	// PinRecorder is where the pin check (pincheck.go) records a
 	// data-parallel replica whose engines ignore the rank header, for
 	// every pod to stop pinning it; nil means Registry when it is one,

@@ -31,10 +31,11 @@ import (
 // scored another eligible replica, RoundTrip marks the failed one suspect,
 // releases its booking, decides again (the router skips suspects, so the
 // next best wins on fresh loads) and sends the same body there, at most
-// Config.ProxyRetries times. Nothing has reached the client yet, so the
-// response hooks then answer with the new decision's headers. A failure
-// after the response began is not retried: the client has part of an
-// answer.
+// Config.ProxyRetries times; a replica that sends no headers within the
+// attempt's bound (bound.go) has failed so too. Nothing has reached the
+// client yet, so the response hooks then answer with the new decision's
+// headers. A failure after the response began is not retried: the client
+// has part of an answer (cut.go ends it with an error event).
 type proxyRequest struct {
 	s *Server
 	// w and in are the client's response and request (in on the proxy
@@ -54,6 +55,9 @@ type proxyRequest struct {
 	d     keyed
 	t     *tracker
 	tried map[string]bool
+	// bound is how long each attempt waits for its response headers
+	// (headerBound); zero, unbounded.
+	bound time.Duration
 }
 
 // RoundTrip sends out to the current replica, failing over as above.
@@ -65,9 +69,9 @@ func (p *proxyRequest) RoundTrip(out *http.Request) (*http.Response, error) {
 		// The engine of the decision this attempt follows (a failover's
 		// may be another replica's, or none).
 		setRankHeader(out.Header, p.d.Decision)
-		resp, err := p.s.proxy.RoundTrip(out)
+		resp, err := p.send(out)
 		if err == nil {
-			return p.priorityRefused(out, resp)
+			return resp, nil
 		}
 		if attempt >= p.s.cfg.ProxyRetries || out.Context().Err() != nil || !beforeResponse(err) {
 			return resp, err
@@ -82,12 +86,14 @@ func (p *proxyRequest) RoundTrip(out *http.Request) (*http.Response, error) {
 
 // beforeResponse reports whether err means the replica sent nothing: the
 // connection was refused or could not be made, or was reset or closed
-// before the response's headers. The request may be re-sent elsewhere.
+// before the response's headers, or the headers did not come within the
+// attempt's bound (bound.go). The request may be re-sent elsewhere.
 func beforeResponse(err error) bool {
 	var op *net.OpError
 	var dns *net.DNSError
+	var late *headerTimeoutError
 	switch {
-	case errors.As(err, &op) && op.Op == "dial", errors.As(err, &dns):
+	case errors.As(err, &op) && op.Op == "dial", errors.As(err, &dns), errors.As(err, &late):
 		return true
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):

@@ -49,6 +49,11 @@ type metrics struct {
 	// none came), failovers the replicas a proxied request left.
 	proxied   metric.Int64Counter
 	failovers metric.Int64Counter
+	// headerTimeouts counts attempts whose replica sent no headers in
+	// time (bound.go); streamErrors responses whose replica failed
+	// after its headers (cut.go).
+	headerTimeouts metric.Int64Counter
+	streamErrors   metric.Int64Counter
 	// pinIgnored counts data-parallel replicas found ignoring the rank
 	// header (pincheck.go).
 	pinIgnored metric.Int64Counter
@@ -108,6 +113,10 @@ func newMetrics(mp metric.MeterProvider, reg Registry) (*metrics, error) {
 		degraded:     counter("kvroute_decisions_degraded_total", "Routing decisions made without the state store or without the prompt's token ids, by reason (the values of X-Kvroute-Degraded-Reason)."),
 		proxied:      counter("kvroute_proxied_requests_total", "Proxied OpenAI requests, by the replica's HTTP status (307: redirected; error: the replica never answered)."),
 		failovers:    counter("kvroute_proxy_failovers_total", "Proxied requests whose replica failed before answering (then marked suspect and, when another was eligible, replaced), by the failed replica."),
+		headerTimeouts: counter("kvroute_proxy_header_timeouts_total",
+			"Proxied request attempts whose replica sent no response headers within the bound (--proxy-header-timeout; for a non-streaming request, plus its predicted duration): the replica is marked suspect and the request fails over, by replica."),
+		streamErrors: counter("kvroute_proxy_stream_errors_total",
+			"Proxied responses whose replica failed after the headers, before the body ended (sse=true: the client's stream ended with an error event), by replica and sse; the replica is marked suspect."),
 		predicted: counter("kvroute_prediction_decisions_total",
 			"Routing decisions in which some replica's cost counted a predicted entry (another request's prefill in flight there), by whether the pick would have been another without predictions (changed)."),
 		pinIgnored: counter("kvroute_data_parallel_pin_ignored_total",

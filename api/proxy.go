@@ -227,6 +227,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, oa
 		return
 	}
 	p.stripToken = s.isKvrouteToken(r)
+	p.bound = s.headerBound(oa.Stream, req, d)
 	first := p.bodyFor(d.Replica)
 	r.Body = io.NopCloser(bytes.NewReader(first))
 	r.ContentLength = int64(len(first))
@@ -257,7 +258,8 @@ func (p *proxyRequest) rewrite(pr *httputil.ProxyRequest) {
 
 // modifyResponse answers with the decision that got the response (the
 // last one, after a failover) and watches the body as the proxy copies it:
-// its usage, its first byte and its end.
+// its usage, its first byte, its end, and a failure before its end
+// (cut.go).
 func (p *proxyRequest) modifyResponse(resp *http.Response) error {
 	s, d, ctx := p.s, p.d, p.in.Context()
 	setDecisionHeaders(p.w.Header(), d)
@@ -269,10 +271,10 @@ func (p *proxyRequest) modifyResponse(resp *http.Response) error {
 		}
 	}
 	ok := resp.StatusCode < 300
+	sse := ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	var src io.ReadCloser = resp.Body
 	if ok {
 		believed := believedCached(d)
-		sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 		src = newUsageTap(resp.Body, sse, p.fw.stripUsage, func(u usage) {
 			s.m.served(ctx, d.Replica.ID, believed, u)
 			s.checkPin(ctx, d, believed, u)
@@ -281,7 +283,7 @@ func (p *proxyRequest) modifyResponse(resp *http.Response) error {
 			resp.Header.Del("Content-Length")
 		}
 	}
-	resp.Body = &progressBody{ReadCloser: src, t: p.t, ok: ok}
+	resp.Body = p.watchCut(&progressBody{ReadCloser: src, t: p.t, ok: ok}, sse)
 	return nil
 }
 

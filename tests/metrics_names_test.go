@@ -58,6 +58,10 @@ var lateSeries = map[string]string{
 	// Served once a data-parallel replica is found ignoring its pins
 	// (TestDataParallelPinIgnored scrapes it).
 	"kvroute_data_parallel_pin_ignored_total": `kvroute_data_parallel_pin_ignored_total counter [replica] "Data-parallel replicas this pod found ignoring the X-data-parallel-rank header (pinned responses served none of the cache the pinned engine held), by replica; each is then routed as one replica, fleet-wide."`,
+	// Served once a replica misses its header bound or dies mid-answer
+	// (tests/proxyfaults_test.go scrapes them).
+	"kvroute_proxy_header_timeouts_total": `kvroute_proxy_header_timeouts_total counter [replica] "Proxied request attempts whose replica sent no response headers within the bound (--proxy-header-timeout; for a non-streaming request, plus its predicted duration): the replica is marked suspect and the request fails over, by replica."`,
+	"kvroute_proxy_stream_errors_total":   `kvroute_proxy_stream_errors_total counter [replica,sse] "Proxied responses whose replica failed after the headers, before the body ended (sse=true: the client's stream ended with an error event), by replica and sse; the replica is marked suspect."`,
 }
 
 // TestMetricNames scrapes a serving pod's /metrics after traffic that

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -163,6 +164,9 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 		writeError(w, err)
 		return
 	}
+	if r.hung(ctx, w) {
+		return
+	}
 	release, err := r.schedule(ctx, g.Priority)
 	if err != nil {
 		return // the client went away while waiting
@@ -191,21 +195,40 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 		PromptTokensDetails: &promptDetails{CachedTokens: cached},
 	}}
 	out := generated(maxTokens)
-	step := perTokens(1, r.cfg.DecodeTokensPerSec)
-
-	if !g.Stream {
-		if !sleep(ctx, time.Duration(maxTokens)*step) {
-			return
-		}
-		writeJSON(w, http.StatusOK, resp.full(decode(out)))
+	if g.Stream {
+		r.stream(ctx, w, resp, out, g.StreamOptions != nil && g.StreamOptions.IncludeUsage)
 		return
 	}
+	if !sleep(ctx, time.Duration(maxTokens)*perTokens(1, r.cfg.DecodeTokensPerSec)) {
+		return
+	}
+	if n := r.dieAt(); n >= 0 {
+		b, _ := json.Marshal(resp.full(decode(out)))
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b[:len(b)/2])
+		die(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp.full(decode(out)))
+}
 
+// stream sends out as vLLM streams it: a chunk per token (after the
+// role's, for chat), the usage chunk when asked, then data: [DONE]; or
+// only the first DieMidResponse events, then the connection is cut.
+func (r *Replica) stream(ctx context.Context, w http.ResponseWriter, resp response, out []int, withUsage bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
+	left := r.dieAt()
 	send := func(v any) bool {
+		if left == 0 {
+			die(w)
+			return false
+		}
+		left--
 		b, err := json.Marshal(v)
 		if err != nil {
 			return false
@@ -218,9 +241,10 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 		}
 		return true
 	}
-	if chat && !send(resp.chunk(map[string]any{"role": "assistant", "content": ""}, nil)) {
+	if resp.chat && !send(resp.chunk(map[string]any{"role": "assistant", "content": ""}, nil)) {
 		return
 	}
+	step := perTokens(1, r.cfg.DecodeTokensPerSec)
 	for i := range out {
 		if !sleep(ctx, step) {
 			return
@@ -236,10 +260,12 @@ func (r *Replica) serveGenerate(w http.ResponseWriter, req *http.Request, chat b
 	if len(out) == 0 && !send(resp.chunk("", "length")) {
 		return
 	}
-	if g.StreamOptions != nil && g.StreamOptions.IncludeUsage {
-		if !send(resp.usageChunk()) {
-			return
-		}
+	if withUsage && !send(resp.usageChunk()) {
+		return
+	}
+	if left == 0 {
+		die(w)
+		return
 	}
 	_, _ = fmt.Fprint(w, "data: [DONE]\n\n")
 	if flusher != nil {

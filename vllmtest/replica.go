@@ -202,6 +202,11 @@ type Replica struct {
 	running    int
 	waiting    int
 	reqID      uint64
+	// hang, when not nil, holds generation requests until closed;
+	// dieAfter is the events a response gets before its connection is
+	// cut (-1: none). See faults.go.
+	hang     chan struct{}
+	dieAfter int
 
 	queue    []*waiter // requests waiting for a running slot
 	arrivals uint64    // the waiting queue's arrival counter
@@ -233,13 +238,14 @@ func New(cfg Config) (*Replica, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	r := &Replica{
-		cfg:     cfg,
-		log:     cfg.Logger.With("replica", cfg.Model),
-		hasher:  h,
-		cache:   newLRU(cfg.CapacityBlocks),
-		healthy: true,
-		notify:  make(chan struct{}, 1),
-		done:    make(chan struct{}),
+		cfg:      cfg,
+		log:      cfg.Logger.With("replica", cfg.Model),
+		hasher:   h,
+		cache:    newLRU(cfg.CapacityBlocks),
+		healthy:  true,
+		notify:   make(chan struct{}, 1),
+		dieAfter: -1,
+		done:     make(chan struct{}),
 	}
 	return r, nil
 }
@@ -337,6 +343,8 @@ func (r *Replica) stop(graceful bool) error {
 	}
 	r.stopped = true
 	r.mu.Unlock()
+	// Held requests go at once, not after the graceful drain's wait.
+	r.HangBeforeHeaders(false)
 
 	err := r.closeAll(graceful)
 	select {

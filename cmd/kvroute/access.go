@@ -27,6 +27,8 @@ type accessFlags struct {
 	allowCIDRs                 prefixList
 	maxOutputTokens            int
 	proxyRetries               int
+	proxyHeaderTimeout         time.Duration
+	proxyResponseFactor        float64
 
 	// Filled by resolve.
 	access api.Access
@@ -45,6 +47,8 @@ func addAccessFlags(fs *flag.FlagSet, rc *router.Config) *accessFlags {
 	fs.Var(&a.allowCIDRs, "allow-replica-cidrs", "comma-separated `prefixes` a replica's address may be in although refused by default (link-local, metadata services)")
 	fs.IntVar(&a.maxOutputTokens, "max-output-tokens", api.DefaultMaxOutputTokens, "largest max_tokens (and max_completion_tokens) a request may give; it sizes the booking")
 	fs.IntVar(&a.proxyRetries, "proxy-retries", api.DefaultProxyRetries, "other replicas a proxied request tries when its replica fails before answering (0: none)")
+	fs.DurationVar(&a.proxyHeaderTimeout, "proxy-header-timeout", api.DefaultProxyHeaderTimeout, "longest a proxied stream waits for its replica's response headers before failing over and marking it suspect; a non-streaming request with max_tokens waits this plus --proxy-response-factor times its predicted duration (0: no bound)")
+	fs.Float64Var(&a.proxyResponseFactor, "proxy-response-factor", api.DefaultProxyResponseFactor, "multiple of a non-streaming request's predicted duration (prompt at --prefill-tps, max_tokens at the router's decode speed) its replica has to answer, on top of --proxy-header-timeout")
 	fs.DurationVar(&rc.MaxLease, "max-lease", router.MaxLease, "longest life of a load booking, whatever a request's length predicts")
 	return a
 }
@@ -95,6 +99,10 @@ func (a *accessFlags) resolve(rc router.Config) error {
 		return fmt.Errorf("--max-output-tokens must be positive, got %d", a.maxOutputTokens)
 	case a.proxyRetries < 0:
 		return fmt.Errorf("--proxy-retries must be >= 0, got %d", a.proxyRetries)
+	case a.proxyHeaderTimeout < 0:
+		return fmt.Errorf("--proxy-header-timeout must be >= 0, got %v", a.proxyHeaderTimeout)
+	case !(a.proxyResponseFactor >= 1):
+		return fmt.Errorf("--proxy-response-factor must be at least 1, got %v", a.proxyResponseFactor)
 	case rc.MaxLease <= 0:
 		return fmt.Errorf("--max-lease must be positive, got %v", rc.MaxLease)
 	case rc.MaxLease < time.Second:
@@ -124,6 +132,10 @@ func (a *accessFlags) apply(cfg *app.Config) error {
 	cfg.ProxyRetries = a.proxyRetries
 	if cfg.ProxyRetries == 0 {
 		cfg.ProxyRetries = -1 // api: zero is the default, negative none
+	}
+	cfg.ProxyHeaderTimeout, cfg.ProxyResponseFactor = a.proxyHeaderTimeout, a.proxyResponseFactor
+	if cfg.ProxyHeaderTimeout == 0 {
+		cfg.ProxyHeaderTimeout = -1 // api: zero is the default, negative none
 	}
 	return nil
 }

@@ -71,6 +71,12 @@ type Config struct {
 	ReplicaPolicy   kvroute.AddressPolicy
 	MaxOutputTokens int
 	ProxyRetries    int
+	// ProxyHeaderTimeout and ProxyResponseFactor bound how long a
+	// proxied request waits for its replica's headers (see api.Config;
+	// the router's PrefillTPS and DecodeTPS predict its duration); zero
+	// values get api's defaults.
+	ProxyHeaderTimeout  time.Duration
+	ProxyResponseFactor float64
 	// Dialer makes every connection to a replica: the proxy's, remote
 	// tokenization's and the embedded ingestor's (probes, ZeroMQ). Nil
 	// means dialer.New(ReplicaPolicy, Logger); tests give one with an
@@ -245,6 +251,12 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		MeterProvider:     a.tel.MeterProvider,
 		TracerProvider:    a.tel.TracerProvider,
 		Propagator:        a.tel.Propagator,
+
+		// How long a proxied request waits for its replica's headers.
+		ProxyHeaderTimeout:  cfg.ProxyHeaderTimeout,
+		ProxyResponseFactor: cfg.ProxyResponseFactor,
+		PrefillTPS:          cfg.Router.PrefillTPS,
+		DecodeTPS:           cfg.Router.DecodeTPS,
 	})
 	if err != nil {
 		return nil, err
