@@ -36,6 +36,7 @@ type fakeStore struct {
 
 	replicas  []kvroute.Replica
 	version   int64
+	epoch     string
 	leases    map[string]string
 	health    map[string]kvroute.Health
 	followed  map[string]time.Time
@@ -171,6 +172,15 @@ func (s *fakeStore) RegistryVersion(context.Context) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.version, nil
+}
+
+func (s *fakeStore) Epoch(context.Context) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch == "" {
+		s.epoch = "e0"
+	}
+	return s.epoch, nil
 }
 
 func (s *fakeStore) setReplicas(rs ...kvroute.Replica) {

@@ -38,6 +38,11 @@ type Store interface {
 	// RegistryVersion changes with every registry change, so that an
 	// ingestor re-reads the registry only when it moved.
 	RegistryVersion(ctx context.Context) (int64, error)
+	// Epoch is the store's epoch, which changes only when the store lost
+	// its data: every follower then rebuilds its replica from the replay
+	// buffer at once, rather than at its stream's next batch, which a
+	// quiet replica may not send for minutes.
+	Epoch(ctx context.Context) (string, error)
 	// Acquire takes or renews the ownership lease name for owner, true
 	// while owner holds it: replicas are shared out between ingestors
 	// this way, one follower each.
@@ -83,10 +88,12 @@ type Config struct {
 	// LeaseTTL bounds how long a crashed ingestor's replicas go unfollowed;
 	// leases are renewed every third of it. Zero means 15s.
 	LeaseTTL time.Duration
-	// RegistryInterval is how often the registry version is polled, which
-	// bounds how long a new replica waits to be followed (a poll is one
-	// HGET; a changed version lists the registry and acquires the new
-	// replicas at once). Zero means 500 ms.
+	// RegistryInterval is how often the registry version and the store's
+	// epoch are polled, which bounds how long a new replica waits to be
+	// followed (a poll is one HGET and the epoch's SETNX and GET; a
+	// changed version lists the registry and acquires the new replicas at
+	// once) and how long the index stays empty after the store lost its
+	// data. Zero means 500 ms.
 	RegistryInterval time.Duration
 	// HealthInterval is how often owned replicas' /health is probed, which
 	// bounds how long a dead replica keeps receiving requests. Zero means
@@ -163,7 +170,15 @@ type Ingestor struct {
 	replicas map[string]kvroute.Replica // the registry as last read
 	owned    map[string]*owned          // replicas whose lease we hold
 	version  int64
-	read     bool // the registry was read at least once
+	read     bool   // the registry was read at least once
+	epoch    string // the store's epoch as last read, empty before
+	// graceUntil is resetGrace after the store was last found to have lost
+	// its data; kept holds the replicas followed on meanwhile that the
+	// registry does not list; settled says every followed replica was
+	// rebuilt and is listed as followed again.
+	graceUntil time.Time
+	kept       map[string]bool
+	settled    bool
 }
 
 // owned is one replica this ingestor holds the lease of.
@@ -256,14 +271,14 @@ func (in *Ingestor) Run(ctx context.Context) error {
 		every time.Duration
 		fn    func(context.Context)
 	}{
-		{in.c.RegistryInterval, in.syncRegistry},
 		{in.c.LeaseTTL / 3, in.renewLeases},
 		{in.c.HealthInterval, in.probeHealth},
 		{in.c.MetricsInterval, in.scrapeMetrics},
 		{in.c.SweepInterval, in.sweep},
 	}
-	in.syncRegistry(ctx)
+	in.poll(ctx)
 	in.renewLeases(ctx)
+	wg.Go(func() { in.pollLoop(ctx) })
 	for _, l := range loops {
 		wg.Add(1)
 		go func() {
@@ -320,6 +335,138 @@ func (in *Ingestor) Owned() []string {
 	return ids
 }
 
+// resetGrace is how long after the store lost its data an ingestor keeps
+// following the replicas it followed although the registry no longer
+// lists them, and polls fast until each is re-seeded and marked followed
+// again: an empty registry that appears suddenly is not the truth, and
+// the serving pods write theirs back within a second or so (the router's
+// reset window is as long).
+const resetGrace = 15 * time.Second
+
+// fastPoll is the registry poll's interval while the ingestor waits for a
+// re-seeded registry to mark its rebuilt replicas followed in.
+const fastPoll = 50 * time.Millisecond
+
+// pollLoop polls the registry and the epoch until ctx is done: every
+// RegistryInterval, or every fastPoll while a rebuild after a store loss
+// waits for the registry (rebuilding).
+func (in *Ingestor) pollLoop(ctx context.Context) {
+	t := time.NewTimer(in.c.RegistryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		in.poll(ctx)
+		every := in.c.RegistryInterval
+		if in.rebuilding() {
+			every = min(every, fastPoll)
+		}
+		t.Reset(every)
+	}
+}
+
+// rebuilding reports whether a rebuild after a store loss still waits for
+// the registry: less than resetGrace ago, and some replica this ingestor
+// follows not yet marked followed in it again.
+func (in *Ingestor) rebuilding() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.c.Now().Before(in.graceUntil) && !in.settled
+}
+
+// poll is one registry poll: the store's epoch checked, the registry
+// re-read when it moved, and every replica this ingestor has caught up on
+// but the registry says nobody follows marked followed again.
+func (in *Ingestor) poll(ctx context.Context) {
+	in.checkEpoch(ctx)
+	in.syncRegistry(ctx)
+	in.markFollowed(ctx)
+}
+
+// checkEpoch reads the store's epoch and, when it changed, handles the
+// loss of the store's data: the registry is re-read whatever its version
+// says (versions start again from zero), replicas it no longer lists are
+// followed on for resetGrace, and every follower resyncs from its
+// replica's replay buffer at once, which finds no applied seq and
+// rebuilds the replica's entries. It reports whether the epoch changed
+// (or could not be read).
+func (in *Ingestor) checkEpoch(ctx context.Context) bool {
+	ep, err := in.st.Epoch(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			in.log.Debug("epoch", "err", err)
+		}
+		return true
+	}
+	in.mu.Lock()
+	prev := in.epoch
+	in.epoch = ep
+	changed := prev != "" && prev != ep
+	var ws []*worker
+	if changed {
+		in.read, in.settled = false, false
+		in.graceUntil = in.c.Now().Add(resetGrace)
+		for _, o := range in.owned {
+			if o.w != nil {
+				ws = append(ws, o.w)
+			}
+		}
+	}
+	in.mu.Unlock()
+	if !changed {
+		return false
+	}
+	in.log.Warn("the state store lost its data (its epoch changed): rebuilding every followed replica from its replay buffer", "replicas", len(ws))
+	for _, w := range ws {
+		w.storeReset()
+	}
+	return true
+}
+
+// markFollowed marks followed again every replica whose stream this
+// ingestor has caught up on since the store last lost its data, when the
+// registry lists it as followed by nobody: a registry re-seeded after a
+// loss (written without followed_since), or another ingestor that gave
+// the replica up after this one took it over. Decisions would otherwise
+// say its index is incomplete until the next reconnection.
+func (in *Ingestor) markFollowed(ctx context.Context) {
+	var ids []string
+	seen := map[string]bool{}
+	settled := true
+	in.mu.Lock()
+	for id, o := range in.owned {
+		r, listed := in.replicas[id]
+		listed = listed && !in.kept[id]
+		if o.w == nil {
+			continue
+		}
+		caught := o.w.caughtUp()
+		if !caught || !listed {
+			settled = false
+		}
+		sid := kvroute.ServerID(id)
+		if caught && listed && r.FollowedSince.IsZero() && !seen[sid] {
+			seen[sid] = true
+			ids = append(ids, sid)
+		}
+	}
+	in.settled = settled
+	in.mu.Unlock()
+	// The registry was read after the epoch: a store that lost its data
+	// since would list re-seeded replicas this ingestor has not rebuilt.
+	if len(ids) == 0 || in.checkEpoch(ctx) {
+		return
+	}
+	for _, id := range ids {
+		if err := in.st.SetFollowed(ctx, id, in.c.Now()); err != nil && ctx.Err() == nil {
+			in.log.Debug("record followed", "replica", id, "err", err)
+		}
+	}
+}
+
 // syncRegistry re-reads the registry when its version changed: new
 // replicas are picked up by the next lease round, changed ones restart
 // their worker, deleted ones are stopped and purged.
@@ -330,7 +477,9 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 		return
 	}
 	in.mu.Lock()
-	same := in.read && v == in.version
+	// Replicas followed on after a loss are dropped at the grace's end,
+	// whatever the version says.
+	same := in.read && v == in.version && (len(in.kept) == 0 || in.c.Now().Before(in.graceUntil))
 	in.mu.Unlock()
 	if same {
 		return
@@ -351,6 +500,7 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 	}
 	var gone, changed []*owned
 	in.mu.Lock()
+	in.keepMissing(next)
 	in.replicas, in.version, in.read = next, v, true
 	for id, o := range in.owned {
 		r, ok := next[id]
@@ -386,6 +536,24 @@ func (in *Ingestor) syncRegistry(ctx context.Context) {
 		in.renewLeases(ctx)
 	}
 	in.m.owned.Set(float64(len(in.Owned())))
+}
+
+// keepMissing adds to next, a registry read, the replicas followed before
+// that it does not list, while the grace after a store loss lasts: the
+// registry is being re-seeded. The caller holds in.mu.
+func (in *Ingestor) keepMissing(next map[string]kvroute.Replica) {
+	in.kept = nil
+	if !in.c.Now().Before(in.graceUntil) {
+		return
+	}
+	for id, r := range in.replicas {
+		if _, ok := next[id]; !ok && in.owned[id] != nil {
+			if in.kept == nil {
+				in.kept = map[string]bool{}
+			}
+			next[id], in.kept[id] = r, true
+		}
+	}
 }
 
 // dropGone stops following replicas deleted from the registry and purges
@@ -505,8 +673,15 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 			rnd: in.rnd.Float64, m: in.m, log: log, now: in.c.Now,
 			onSynced: func(ctx context.Context) {
 				// Decisions say a replica's index is incomplete until
-				// this is recorded.
-				if err := in.st.SetFollowed(ctx, kvroute.ServerID(r.ID), in.c.Now()); err != nil && ctx.Err() == nil {
+				// this is recorded. A replica missing from the registry
+				// (a store that lost its data, not re-seeded yet) is
+				// marked by a later poll (markFollowed).
+				err := in.st.SetFollowed(ctx, kvroute.ServerID(r.ID), in.c.Now())
+				switch {
+				case err == nil || ctx.Err() != nil:
+				case errors.Is(err, kvroute.ErrNotFound):
+					log.Debug("record followed", "err", err)
+				default:
 					log.Warn("record followed", "err", err)
 				}
 			},

@@ -1,9 +1,15 @@
 package ingestor_test
 
 import (
+	"context"
+	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/redistest"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
@@ -66,4 +72,72 @@ func TestIngestorRedis(t *testing.T) {
 	if seq, ok, err := st.AppliedSeq(ctx, "m", "r1"); err != nil || !ok || seq != rep.Seq()-1 {
 		t.Errorf("applied seq: got %d %v %v, want %d", seq, ok, err, rep.Seq()-1)
 	}
+}
+
+// TestIngestorStoreLost: a quiet replica (no event after the store lost
+// its data) is rebuilt from its replay buffer as soon as the ingestor sees
+// the store's epoch change, and marked followed again once the registry
+// lists it (re-seeded unfollowed, as a pod does), long before its stream's
+// silence timer would have redialled it.
+func TestIngestorStoreLost(t *testing.T) {
+	ctx := t.Context()
+	url := redistest.Server(t)
+	st, err := store.Open(ctx, url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Stop()
+	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
+	if err := st.PutReplica(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	in, err := ingestor.New(ingestor.Config{Store: st, Owner: "ing-1", RegistryInterval: 50 * time.Millisecond,
+		StallTimeout: 10 * time.Minute, Rand: rand.New(rand.NewPCG(1, 2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(rctx) }()
+	defer stopOnce(t, cancel, done)
+	if err := rep.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := ints(0, 4*rep.BlockSize())
+	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, rep.BlockSize(), u32s(p), nil)
+	gpu := func() int {
+		ov, _, err := st.Lookup(ctx, "m", keys, []string{"r1"})
+		if err != nil {
+			return -1
+		}
+		return ov[0].GPU
+	}
+	followed := func() bool {
+		got, err := st.GetReplica(ctx, "r1")
+		return err == nil && !got.FollowedSince.IsZero()
+	}
+	rep.Admit(p, "")
+	eventually(t, "prompt indexed and r1 followed", func() bool { return gpu() == 4 && followed() })
+
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	if err := c.FlushAll(ctx).Err(); err != nil { // the store lost its data
+		t.Fatal(err)
+	}
+	if err := st.PutReplica(ctx, r); err != nil { // re-seeded, unfollowed
+		t.Fatal(err)
+	}
+	eventually(t, "the quiet replica rebuilt and followed again", func() bool { return gpu() == 4 && followed() })
 }

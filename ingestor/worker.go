@@ -64,8 +64,10 @@ type workerConfig struct {
 	m            *Metrics
 	log          *slog.Logger
 	now          func() time.Time
-	// onSynced is called once, after the first catch-up on the replica's
-	// stream succeeds; nil means nobody is told.
+	// onSynced is called after every catch-up on the replica's stream
+	// that succeeds (the first, each reconnection's, each rebuild after
+	// the store lost its data), so that the registry says the replica is
+	// followed again after whatever cleared it; nil means nobody is told.
 	onSynced func(ctx context.Context)
 }
 
@@ -80,6 +82,7 @@ type worker struct {
 	in     chan feed
 	redial chan struct{}
 	purged chan struct{}
+	resync chan struct{}    // the store lost its data: catch up again
 	feeds  []feed           // reused by drain
 	bs     []kvevents.Batch // reused by handle
 
@@ -88,10 +91,31 @@ type worker struct {
 	stalled   bool
 	// wasSynced is set by the first successful catch-up (onSynced).
 	wasSynced atomic.Bool
+	// resets counts the store losses signalled (storeReset); syncedAt is
+	// the count a successful catch-up last started under, so that one
+	// that began before a loss does not pass for a rebuild after it.
+	resets, syncedAt atomic.Int64
 }
 
 // synced reports whether the worker ever caught up on its stream.
 func (w *worker) synced() bool { return w.wasSynced.Load() }
+
+// caughtUp reports whether the worker caught up on its stream since the
+// store last lost its data: only then is its replica's index complete.
+func (w *worker) caughtUp() bool {
+	return w.wasSynced.Load() && w.syncedAt.Load() == w.resets.Load()
+}
+
+// storeReset tells the worker the store lost its data: it catches up
+// again at once, which finds no applied seq and rebuilds the replica from
+// its replay buffer, and until then it is not caught up.
+func (w *worker) storeReset() {
+	w.resets.Add(1)
+	select {
+	case w.resync <- struct{}{}:
+	default:
+	}
+}
 
 func newWorker(c workerConfig) *worker {
 	w := &worker{
@@ -99,6 +123,7 @@ func newWorker(c workerConfig) *worker {
 		in:           make(chan feed, 1024),
 		redial:       make(chan struct{}, 1),
 		purged:       make(chan struct{}, 1),
+		resync:       make(chan struct{}, 1),
 	}
 	w.downSince = c.now()
 	return w
@@ -158,6 +183,10 @@ func (w *worker) run(ctx context.Context) {
 			return
 		case <-w.purged:
 			w.follower.Invalidate()
+		case <-w.resync:
+			// A quiet replica sends no batch that would find the loss:
+			// catch up now, on the connection there is.
+			w.handle(ctx, w.drain(feed{resync: true}))
 		case <-stall.C:
 			w.mu.Lock()
 			w.stalled = true
@@ -234,15 +263,28 @@ func (w *worker) handle(ctx context.Context, fs []feed) {
 		}
 		w.apply(ctx, bs)
 		bs = bs[:0]
-		if err := w.follower.Sync(ctx); err != nil && ctx.Err() == nil {
-			w.log.Warn("sync", "err", err)
-		} else if err == nil && !w.wasSynced.Swap(true) && w.onSynced != nil {
-			w.onSynced(ctx)
-		}
+		w.sync(ctx)
 	}
 	w.apply(ctx, bs)
 	clear(fs) // let the messages go
 	w.bs = bs[:0]
+}
+
+// sync catches the follower up on the stream and, when that succeeds,
+// records it (onSynced).
+func (w *worker) sync(ctx context.Context) {
+	gen := w.resets.Load()
+	if err := w.follower.Sync(ctx); err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("sync", "err", err)
+		}
+		return
+	}
+	w.syncedAt.Store(gen)
+	w.wasSynced.Store(true)
+	if w.onSynced != nil {
+		w.onSynced(ctx)
+	}
 }
 
 // decode decodes one live message of the worker's replica; it counts and

@@ -374,8 +374,8 @@ func (r *Router) decideOnce(ctx context.Context, req Request, tm *Stages, id, se
 	// of every model in the registry's domain). A registry in its window
 	// is no reason to skip it: the model's shard may be up.
 	skip := read == fleetFailed || read == fleetSkipped
-	resetting := r.resetting()
 	fleet := modelFleet(replicas, req.Model)
+	resetting := r.resetting(fleet)
 	if id == "" {
 		id = r.newID(req.Model)
 	}
@@ -482,7 +482,7 @@ func (r *Router) vanished(ctx context.Context, model string) (Decision, error) {
 			r.markDown(r.globalWindow())
 			return r.degraded(d, known, err)
 		}
-		if reset || r.resetting() {
+		if reset || r.resetting(nil) {
 			return r.degradedWith(d, known, ReasonStoreReset)
 		}
 	}

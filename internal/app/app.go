@@ -274,15 +274,28 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 
 // reseed writes this pod's last copy of the registry back into a store
 // that lost its data, so that the ingestors follow the replicas again and
-// rebuild the index from their replay buffers. Every pod that noticed does
-// the same; the writes are idempotent. A replica deleted meanwhile by
-// another pod's admin call would come back; that window is a second.
+// rebuild the index from their replay buffers. Each replica is written
+// without followed_since, since its index is empty until an ingestor has
+// replayed it: decisions say index_incomplete until the ingestor marks it
+// followed again. A replica is written only where the registry has none:
+// every pod that noticed re-seeds, and a later pod's copy must not undo
+// what an ingestor or an operator wrote since. A replica deleted
+// meanwhile by another pod's admin call would come back; that window is a
+// second.
 func (a *App) reseed(ctx context.Context, known []kvroute.Replica) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	n := 0
 	for _, rep := range known {
-		if err := a.Store.PutReplica(ctx, rep); err != nil {
+		rep.FollowedSince = time.Time{}
+		err := a.Store.EditReplica(ctx, rep.ID, func(r *kvroute.Replica, found bool) (bool, error) {
+			if found {
+				return false, nil
+			}
+			*r = rep
+			return true, nil
+		})
+		if err != nil {
 			a.log.Warn("re-seed replica", "replica", rep.ID, "err", err)
 			continue
 		}
