@@ -1,35 +1,19 @@
 package api_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
-// syncBuffer is a log sink the server's goroutines write to while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-// lines are the access-log lines written so far ("msg=http").
-func (s *syncBuffer) lines() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// accessLines are the access-log lines in b ("msg=http").
+func accessLines(b *syncbuf.Buffer) []string {
 	var out []string
-	for _, l := range strings.Split(s.b.String(), "\n") {
+	for _, l := range strings.Split(b.String(), "\n") {
 		if strings.Contains(l, "msg=http ") {
 			out = append(out, l)
 		}
@@ -61,7 +45,7 @@ func TestAccessLog(t *testing.T) {
 			name = "default"
 		}
 		t.Run(name, func(t *testing.T) {
-			var buf syncBuffer
+			var buf syncbuf.Buffer
 			h := newHarness(t, fleet, func(c *api.Config) {
 				c.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 				c.AccessLog, c.AccessLogEvery = tt.mode, tt.every
@@ -81,7 +65,7 @@ func TestAccessLog(t *testing.T) {
 					t.Fatalf("healthz: got %d, want 200", code)
 				}
 			}
-			lines := buf.lines()
+			lines := accessLines(&buf)
 			ok := 0
 			for _, l := range lines {
 				if strings.Contains(l, "status=200") {

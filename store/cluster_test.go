@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,12 +10,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/store"
 	"github.com/redis/go-redis/v9"
 )
@@ -454,7 +453,7 @@ func TestClusterURL(t *testing.T) {
 func TestClusterNodeURL(t *testing.T) {
 	c := redistest.Cluster(t, 3)
 	m1, m2 := twoModels(t, c)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	for i, addr := range c.Addrs() {
 		t.Run("node "+strconv.Itoa(i), func(t *testing.T) {
 			cfg := store.Config{URL: "redis://" + addr}
@@ -481,23 +480,4 @@ func TestClusterNodeURL(t *testing.T) {
 	if got := logs.String(); !strings.Contains(got, "node of a Redis Cluster") || !strings.Contains(got, "--redis-addrs") {
 		t.Errorf("log = %q, want a warning that names --redis-addrs", got)
 	}
-}
-
-// lockedBuffer is a log sink that go-redis's goroutines may write to
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -17,11 +17,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // The servers here are for the topologies and settings a store is opened
@@ -58,7 +59,7 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 		dir := tb.TempDir()
 		cmd := exec.Command(bin, args(port, dir)...)
 		cmd.Dir = dir
-		out := &lockedBuffer{}
+		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			tb.Fatalf("redistest: %s: %v", what, err)
@@ -91,29 +92,10 @@ func run(tb testing.TB, what string, args func(port int, dir string) []string, p
 	return nil
 }
 
-// lockedBuffer collects a server's output, which exec copies in on a
-// goroutine of its own while a failed start reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // waitProbe waits until probe reaches the server at addr and finds it is
 // process pid: a port another server took after it was picked answers
 // too, and must not be taken for ours.
-func waitProbe(exited chan error, out *lockedBuffer, addr string, pid int, probe func(ctx context.Context, addr string) (int, string, error)) (string, error) {
+func waitProbe(exited chan error, out *syncbuf.Buffer, addr string, pid int, probe func(ctx context.Context, addr string) (int, string, error)) (string, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
