@@ -3,7 +3,7 @@
 export GOTOOLCHAIN := go1.27.3
 GO ?= go
 
-.PHONY: run test bench fuzz vet fmt deps build
+.PHONY: run test bench fuzz vet fmt deps build soak
 
 ## run: start kvroute serve on loopback (no admin token needed there) with the
 ## embedded Redis and three simulated replicas; README's curls use localhost
@@ -22,6 +22,11 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ingestor/kvevents
 	$(GO) test -run '^$$' -fuzz FuzzHandlers -fuzztime 30s ./api
+
+## soak: the bounded chaos soak (issue 23) over real processes; set
+## KVROUTE_SOAK_SEED (default 1) and KVROUTE_SOAK_DURATION (default 60s)
+soak:
+	KVROUTE_SOAK=1 $(GO) test -run '^TestSoak$$' -count 1 -timeout 10m -v ./tests
 
 build:
 	$(GO) build -o bin/kvroute ./cmd/kvroute

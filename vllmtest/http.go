@@ -21,6 +21,7 @@ func (r *Replica) handler() http.Handler {
 	mux.HandleFunc("GET /health", r.serveHealth)
 	mux.HandleFunc("GET /metrics", r.serveMetrics)
 	mux.HandleFunc("GET /v1/models", r.serveModels)
+	mux.HandleFunc("GET /debug/blocks", r.serveBlocks)
 	return mux
 }
 
@@ -107,6 +108,13 @@ func (r *Replica) serveHealth(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// serveBlocks reports how many blocks the prefix cache holds, read-only,
+// so that a test over a sim-replica process (which has no Go handle on the
+// Replica) can compare the index with the truth.
+func (r *Replica) serveBlocks(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"blocks": r.CachedBlocks()})
 }
 
 func (r *Replica) serveModels(w http.ResponseWriter, _ *http.Request) {

@@ -1,0 +1,404 @@
+package tests_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kvroute/kvroute/internal/wait"
+)
+
+const (
+	soakModel    = "soak"
+	soakReplicas = 3
+	soakClients  = 4
+	// soakDeadline is every client request's own deadline.
+	soakDeadline = 30 * time.Second
+	// soakConverge bounds how long, once the clients stopped and the
+	// admission state drained, the index may take to agree with every
+	// replica's cache.
+	// Quiet, an ingestor may notice a stream it lost only at its 30 s
+	// silence timeout: hence more than that.
+	soakConverge = 45 * time.Second
+	// soakBetween is how many requests end between two faults.
+	soakBetween = 50
+)
+
+// soakStatuses is the documented set a request through a pod may end
+// with: served (degraded decisions are 200), shed, replica failed, none
+// available.
+var soakStatuses = []int{http.StatusOK, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable}
+
+// soakFleet is the deployment under chaos: one controlled redis-server,
+// two ingestors, three pods, soakReplicas sim-replicas.
+type soakFleet struct {
+	redis   *redisProc
+	ingests []*soakProc
+	pods    []*soakProc
+	podURL  []string
+	sims    []*soakProc
+	simURL  []string
+	proxies []*faultProxy // in front of each replica's HTTP port
+	// cuts counts replica-side faults (sim kills, link resets), which
+	// may cut a response already under way.
+	cuts    atomic.Int64
+	ids     []string
+	regs    []string // each replica's registration body
+	live    *liveFleet
+	ended   atomic.Int64 // requests ended
+	mu      sync.Mutex
+	outcome map[string]int
+	bad     []string
+	faults  map[string]int
+	kinds   []string // the faults the schedule draws from
+}
+
+// TestSoak is a bounded chaos soak (issue 23): clients send decisions,
+// completions (streamed or not) and chat completions through three pods
+// while a seeded schedule freezes and restarts Redis, kills ingestors,
+// pods and sim-replicas. At the end every request must have ended with a
+// documented status within its deadline (or been cut by a kill of the
+// pod it was talking to), no booking, lease or waiter may remain, and
+// the index must agree with every replica's cache within soakConverge.
+func TestSoak(t *testing.T) {
+	if os.Getenv("KVROUTE_SOAK") == "" {
+		t.Skip("set KVROUTE_SOAK=1 (make soak)")
+	}
+	seed := uint64(1)
+	if s := os.Getenv("KVROUTE_SOAK_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("KVROUTE_SOAK_SEED=%q: %v", s, err)
+		}
+		seed = n
+	}
+	dur := 60 * time.Second
+	if s := os.Getenv("KVROUTE_SOAK_DURATION"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("KVROUTE_SOAK_DURATION=%q: %v", s, err)
+		}
+		dur = d
+	}
+	f := startSoakFleet(t)
+	f.kinds = soakFaultKinds
+	if s := os.Getenv("KVROUTE_SOAK_FAULTS"); s != "" {
+		f.kinds = strings.Split(s, ",")
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range soakClients {
+		wg.Go(func() { f.client(t, rand.New(rand.NewPCG(seed, uint64(i+1))), stop) })
+	}
+	lastFault := f.chaos(t, rand.New(rand.NewPCG(seed, 0)), dur)
+	close(stop)
+	wg.Wait()
+	t.Logf("seed %d, %v: faults %v; requests by outcome %v", seed, dur, f.faults, f.outcome)
+	for _, b := range f.bad {
+		t.Errorf("request outside the documented outcomes: %s", b)
+	}
+	f.live.waitDrained(t)
+	drained := time.Now()
+	t.Logf("admission state drained %v after the last fault ended", drained.Sub(lastFault).Round(time.Millisecond))
+	converged := f.waitConverged(t)
+	t.Logf("index agreed with every replica %v after that (%v after the last fault)",
+		converged.Sub(drained).Round(time.Millisecond), converged.Sub(lastFault).Round(time.Millisecond))
+}
+
+// soakBoundedTB is t with a nearer deadline, which bounds wait's waits.
+type soakBoundedTB struct {
+	testing.TB
+	deadline time.Time
+}
+
+func (b soakBoundedTB) Deadline() (time.Time, bool) { return b.deadline, true }
+
+// startSoakFleet starts the processes and registers the replicas with
+// their events and replay endpoints, and waits until all are followed.
+func startSoakFleet(t *testing.T) *soakFleet {
+	t.Helper()
+	bin := kvrouteBinary(t)
+	f := &soakFleet{redis: startRedisProc(t), outcome: map[string]int{}, faults: map[string]int{}}
+	url := f.redis.url()
+	for i := range 2 {
+		f.ingests = append(f.ingests, startSoakProc(t, bin, fmt.Sprintf("ingest%d", i),
+			"ingest", "--redis-url", url, "--metrics-listen", soakAddr(t)))
+	}
+	for i := range 3 {
+		addr := soakAddr(t)
+		f.pods = append(f.pods, startSoakProc(t, bin, fmt.Sprintf("pod%d", i),
+			"serve", "--listen", addr, "--redis-url", url, "--pod-name", fmt.Sprintf("pod%d", i)))
+		f.podURL = append(f.podURL, "http://"+addr)
+		wait.UntilNil(t, addr+" ready", func() error { return getOK("http://" + addr + "/readyz") })
+	}
+	for i := range soakReplicas {
+		addr, events, replay := soakAddr(t), "tcp://"+soakAddr(t), "tcp://"+soakAddr(t)
+		id := fmt.Sprintf("%s-s%d", soakModel, i)
+		f.sims = append(f.sims, startSoakProc(t, bin, id,
+			"sim-replica", "--model", soakModel, "--listen", addr, "--events", events, "--replay", replay))
+		f.simURL = append(f.simURL, "http://"+addr)
+		wait.UntilNil(t, id+" healthy", func() error { return getOK("http://" + addr + "/health") })
+		f.ids = append(f.ids, id)
+		px := startFaultProxy(t, addr)
+		f.proxies = append(f.proxies, px)
+		f.regs = append(f.regs, fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, soakModel, "http://"+px.addr(), events, replay))
+		f.register(t, i)
+	}
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(f.redis.port)})
+	t.Cleanup(func() { rc.Close() })
+	pods := make([]*loadPod, len(f.podURL))
+	for i, u := range f.podURL {
+		pods[i] = &loadPod{base: u}
+	}
+	f.live = &liveFleet{model: soakModel, rc: rc, pods: pods, reps: f.ids, client: http.DefaultClient}
+	f.live.waitFollowed(t)
+	return f
+}
+
+// register PUTs replica i through pod 0.
+func (f *soakFleet) register(t *testing.T, i int) {
+	t.Helper()
+	if code, raw := liveDo(t, http.DefaultClient, http.MethodPut, f.podURL[0]+"/v1/replicas/"+f.ids[i], f.regs[i], nil); code/100 != 2 {
+		t.Fatalf("PUT /v1/replicas/%s: got %d %s, want 2xx", f.ids[i], code, raw)
+	}
+}
+
+// chaos runs the seeded fault schedule for dur: after each fault has
+// recovered, soakBetween more requests end before the next. It returns
+// when the last fault's recovery ended.
+func (f *soakFleet) chaos(t *testing.T, r *rand.Rand, dur time.Duration) time.Time {
+	t.Helper()
+	begin := time.Now()
+	end := begin.Add(dur)
+	last := begin
+	for time.Now().Before(end) {
+		n := f.ended.Load()
+		wait.Until(t, "requests ending between faults", func() bool { return f.ended.Load() >= n+soakBetween })
+		kind := f.fault(t, r)
+		f.mu.Lock()
+		f.faults[kind]++
+		f.mu.Unlock()
+		last = time.Now()
+		t.Logf("fault %s recovered at +%v", kind, last.Sub(begin).Round(time.Millisecond))
+	}
+	return last
+}
+
+// soakFaultKinds is every fault the schedule draws from;
+// KVROUTE_SOAK_FAULTS (a comma list) narrows it.
+var soakFaultKinds = []string{"redis-sigstop", "redis-restart-empty", "ingest-sigkill", "pod-sigkill", "link-fault", "sim-restart"}
+
+// fault injects one fault drawn from r among f.kinds and waits for its
+// recovery; it returns the fault's name.
+func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
+	t.Helper()
+	switch k := f.kinds[r.IntN(len(f.kinds))]; k {
+	case "redis-sigstop":
+		hold := time.Duration(500+r.IntN(1500)) * time.Millisecond
+		f.redis.kill(syscall.SIGSTOP)
+		time.Sleep(hold) // the fault's length, not a synchronisation
+		f.redis.kill(syscall.SIGCONT)
+		return k
+	case "redis-restart-empty":
+		f.redis.kill(syscall.SIGKILL)
+		f.redis.start()
+		return k
+	case "ingest-sigkill":
+		i := r.IntN(len(f.ingests))
+		f.ingests[i].kill9()
+		f.ingests[i].start()
+		f.ingests[i].down.Store(false)
+		return k
+	case "pod-sigkill":
+		i := r.IntN(len(f.pods))
+		f.pods[i].kill9()
+		f.pods[i].restart(f.podURL[i] + "/readyz")
+		return k
+	case "link-fault":
+		return f.linkFault(r)
+	case "sim-restart":
+		i := r.IntN(len(f.sims))
+		f.cuts.Add(1)
+		f.sims[i].kill9()
+		f.sims[i].restart(f.simURL[i] + "/health")
+		return k
+	}
+	t.Fatalf("KVROUTE_SOAK_FAULTS: unknown fault in %v, want some of %v", f.kinds, soakFaultKinds)
+	return ""
+}
+
+// linkFault degrades one pod→replica link through its proxy for a
+// while: latency on new connections, or every connection reset.
+func (f *soakFleet) linkFault(r *rand.Rand) string {
+	px := f.proxies[r.IntN(len(f.proxies))]
+	hold := time.Duration(500+r.IntN(1500)) * time.Millisecond
+	kind := "link-latency"
+	if r.IntN(2) == 0 {
+		kind = "link-reset"
+		f.cuts.Add(1)
+		px.reset.Store(true)
+		px.resetAll()
+	} else {
+		px.delay.Store(int64(time.Duration(100+r.IntN(900)) * time.Millisecond))
+	}
+	time.Sleep(hold) // the fault's length, not a synchronisation
+	px.reset.Store(false)
+	px.delay.Store(0)
+	return kind
+}
+
+// waitConverged waits until, for every replica, the blocks the index
+// holds (GET /v1/replicas/{id}) equal the blocks its cache holds (GET
+// /debug/blocks on the sim-replica), and returns when.
+func (f *soakFleet) waitConverged(t *testing.T) time.Time {
+	t.Helper()
+	var agreed []string
+	bounded := soakBoundedTB{TB: t, deadline: time.Now().Add(soakConverge)}
+	wait.UntilNil(bounded, "the index to agree with every replica", func() error {
+		var diff []string
+		agreed = agreed[:0]
+		for i, id := range f.ids {
+			var idx, sim struct {
+				Blocks int `json:"blocks"`
+			}
+			if err := getJSON(f.podURL[0]+"/v1/replicas/"+id, &idx); err != nil {
+				return err
+			}
+			if err := getJSON(f.simURL[i]+"/debug/blocks", &sim); err != nil {
+				return err
+			}
+			agreed = append(agreed, fmt.Sprintf("%s %d", id, sim.Blocks))
+			if idx.Blocks != sim.Blocks {
+				diff = append(diff, fmt.Sprintf("%s: index %d blocks, replica %d", id, idx.Blocks, sim.Blocks))
+			}
+		}
+		if len(diff) > 0 {
+			return errors.New(strings.Join(diff, "; "))
+		}
+		return nil
+	})
+	t.Logf("blocks held per replica, index = cache: %s", strings.Join(agreed, ", "))
+	return time.Now()
+}
+
+// client sends requests until stop: a mix of released decisions,
+// completions (streamed or not, some abandoned after the headers) and
+// chat completions, over prompts that share a few prefixes.
+func (f *soakFleet) client(t *testing.T, r *rand.Rand, stop <-chan struct{}) {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	for !stopped(stop) {
+		pod := r.IntN(len(f.pods))
+		if f.pods[pod].down.Load() {
+			pod = (pod + 1) % len(f.pods)
+		}
+		kind, path, body := soakRequest(r)
+		gen, cuts := f.pods[pod].gen.Load(), f.cuts.Load()
+		start := time.Now()
+		status, err := f.send(hc, f.podURL[pod]+path, body, kind == "abandon")
+		took := time.Since(start)
+		podKilled := f.pods[pod].gen.Load() != gen || f.pods[pod].down.Load()
+		f.record(kind, status, err, took, podKilled, f.cuts.Load() != cuts)
+	}
+}
+
+// soakRequest draws one request: its kind, path and body.
+func soakRequest(r *rand.Rand) (kind, path, body string) {
+	prefix := seqTokens(1000+r.IntN(6)*500, 64+16*r.IntN(8))
+	p := append(prefix, seqTokens(50_000+r.IntN(40_000), 8+r.IntN(24))...)
+	m := map[string]any{"model": soakModel, "max_tokens": 1 + r.IntN(8)}
+	switch k := r.IntN(10); {
+	case k < 3:
+		m["token_ids"] = p
+		kind, path = "route", "/v1/route"
+	case k < 5:
+		m["prompt"] = p
+		kind, path = "completion", "/v1/completions"
+	case k < 7:
+		m["prompt"], m["stream"] = p, true
+		kind, path = "stream", "/v1/completions"
+	case k < 8:
+		m["prompt"], m["stream"], m["max_tokens"] = p, true, 64
+		kind, path = "abandon", "/v1/completions"
+	default:
+		m["messages"] = []map[string]string{{"role": "user", "content": fmt.Sprintf("chat prefix %d, then question %d", r.IntN(4), r.IntN(1000))}}
+		kind, path = "chat", "/v1/chat/completions"
+	}
+	raw, _ := json.Marshal(m)
+	return kind, path, string(raw)
+}
+
+// send posts body to url within soakDeadline; a decision is released,
+// and abandon leaves once the headers came.
+func (f *soakFleet) send(hc *http.Client, url, body string, abandon bool) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), soakDeadline)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if abandon {
+		cancel()
+		return resp.StatusCode, nil
+	}
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if strings.HasSuffix(url, "/v1/route") && resp.StatusCode == http.StatusOK {
+		var d struct {
+			RequestID string `json:"request_id"`
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return resp.StatusCode, err
+		}
+		rel := strings.TrimSuffix(url, "/v1/route") + "/v1/requests/" + d.RequestID + "/release"
+		rresp, err := hc.Post(rel, "application/json", nil)
+		if err != nil {
+			return resp.StatusCode, fmt.Errorf("release: %w", err)
+		}
+		rresp.Body.Close()
+	}
+	return resp.StatusCode, nil
+}
+
+// record files one ended request; podKilled says its pod was killed
+// while it ran, which excuses a transport error; cut says a replica
+// fault happened while it ran, which excuses a 200 cut mid-body (its
+// status was sent before the replica failed).
+func (f *soakFleet) record(kind string, status int, err error, took time.Duration, podKilled, cut bool) {
+	f.ended.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case err != nil && podKilled:
+		f.outcome["cut by pod kill"]++
+	case err != nil && cut && status == http.StatusOK:
+		f.outcome["200 cut mid-body by replica fault"]++
+	case err != nil:
+		f.outcome["error"]++
+		f.bad = append(f.bad, fmt.Sprintf("%s: status %d after %v: %v", kind, status, took, err))
+	case !slices.Contains(soakStatuses, status):
+		f.outcome[strconv.Itoa(status)]++
+		f.bad = append(f.bad, fmt.Sprintf("%s: status %d after %v", kind, status, took))
+	default:
+		f.outcome[strconv.Itoa(status)]++
+	}
+}
