@@ -99,7 +99,7 @@ func (s *resetState) knownFleet(model string) []kvroute.Replica {
 // as the registry lists them; nil for a model it does not list) are made
 // while the store rebuilds after a reset: less than ResetWindow after one
 // was detected, while the registry does not list every replica it had
-// yet, or while one of fleet's routable replicas that publishes events
+// yet or does not list the model, or while one of fleet's routable replicas that publishes events
 // has not been followed again since (its index is still being rebuilt
 // from its replay buffer, and what the decision saw of the fleet's cache
 // may be short, whichever replica it chose).
@@ -110,7 +110,11 @@ func (r *Router) resetting(fleet []kvroute.Replica) bool {
 	if !r.now().Before(s.until) {
 		return false
 	}
-	if len(s.missing) > 0 {
+	// A model the registry does not list at all, inside the window, is
+	// taken for one a read that raced the re-seed missed (its empty
+	// answer may even be the cached copy): the last copy is routed, as
+	// before the re-seed, rather than answered 404.
+	if len(s.missing) > 0 || fleet == nil {
 		return true
 	}
 	for _, rep := range fleet {

@@ -141,3 +141,43 @@ func TestResetThenDown(t *testing.T) {
 		t.Errorf("after the reset window, the store still down: %+v, %v; want a degraded answer over the last fleet known", d.Degraded, err)
 	}
 }
+
+// TestResetStaleEmptyRead: after a reset was seen and the registry
+// re-seeded (and read back whole), a decision whose registry read still
+// finds the model missing (a read that raced the re-seed, or a copy of
+// the empty registry cached by it) answers degraded over the last copy
+// while the reset's window is open, not 404: seen as 151 decisions
+// answered 404 in one of TestStoreResetRecovers's busy runs.
+func TestResetStaleEmptyRead(t *testing.T) {
+	ctx := context.Background()
+	reps := fleet(2, true)
+	mem := mock.NewMemory(reps...)
+	reg := &epochRegistry{list: reps, epoch: "e1"}
+	cfg := router.DefaultConfig()
+	cfg.RegistryTTL = 0
+	r, err := router.New(mem.Index(), reg, cfg, router.Options{OnStoreReset: func(_ context.Context, known []kvroute.Replica) {
+		reg.mu.Lock()
+		reg.list = known
+		reg.mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.CheckEpoch(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustRoute(t, r, "m", 1)
+	reg.mu.Lock()
+	reg.list, reg.epoch = nil, "e2" // the store lost its data
+	reg.mu.Unlock()
+	if reset, err := r.CheckEpoch(ctx); err != nil || !reset {
+		t.Fatalf("CheckEpoch = %v, %v; want the reset seen", reset, err)
+	}
+	reg.mu.Lock()
+	reg.list = nil // the read a decision made before the re-seed
+	reg.mu.Unlock()
+	d, err := r.Route(ctx, router.Request{Model: "m", Tokens: tokens(1, 64)})
+	if err != nil || !d.Degraded || d.Reason != router.ReasonStoreReset {
+		t.Errorf("decision over a stale empty read after the re-seed = %+v, %v; want degraded with the reset's reason", d, err)
+	}
+}

@@ -483,6 +483,9 @@ func (r *Router) vanished(ctx context.Context, model string) (Decision, error) {
 			return r.degraded(d, known, err)
 		}
 		if reset || r.resetting(nil) {
+			// The registry read that missed the model may be a copy
+			// cached before the re-seed: the next decision reads again.
+			r.Invalidate()
 			return r.degradedWith(d, known, ReasonStoreReset)
 		}
 	}
