@@ -181,16 +181,17 @@ func testRestartsRecover(t *testing.T, busy bool, runs int) {
 		return first.clean() && first.Matched > 0
 	})
 	log := &decisionLog{}
+	// Each decision's release goes on beside the next decisions, as a
+	// proxied request's does: a release held up by the outage (queued
+	// for retry after its store call timed out) must not stop the
+	// decisions the recovery is measured by. They are waited for last,
+	// once the traffic that starts them has stopped.
+	var releases sync.WaitGroup
+	defer releases.Wait()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer close(stop)
-	// Each decision's release goes on beside the next decisions, as a
-	// proxied request's does: a release held up by the outage (queued
-	// for retry after its store call timed out) must not stop the
-	// decisions the recovery is measured by.
-	var releases sync.WaitGroup
-	defer releases.Wait()
 	wg.Go(func() {
 		for !stopped(stop) {
 			log.add(decideAndRelease(t, p.base, pr, &releases))
