@@ -49,9 +49,9 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 	var within *kvroute.Load
 	slackDue, forcedSettle := true, false
 	for attempt := 0; ; attempt++ {
-		// After a few lost races the booking goes through regardless: a
-		// decision must finish, and the loser's view is at most a few
-		// bookings stale.
+		// Out of attempts or time the booking goes through regardless: a
+		// decision must finish, and its view is at most a few bookings
+		// stale.
 		p := out.Pick
 		ifVersion := loads[p].Version
 		force := attempt >= maxBookingAttempts || r.now().Sub(started) > bookingBudget
@@ -59,21 +59,11 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 			ifVersion, within, slackDue = -1, nil, false
 		}
 		// A merged candidate's load is several entries' the store does
-		// not add up: it is booked on the version scored instead.
-		if st, ok := r.settle(in, out); ok && !ids.merged() && (ifVersion >= 0 || !forcedSettle) {
-			// The store books the cheapest of the pick and its nearest
-			// rivals by their loads as they are (settle.go). Out of
-			// attempts or time, it still does, whatever the rivals left
-			// out cost (an infinite bound): booking the pick as scored
-			// would ignore what the bookings made since the lookup wrote,
-			// the predictions of a burst's first bookings above all (on a
-			// busy machine a burst's decisions pass bookingBudget before
-			// their first attempt, and every one of them then booked the
-			// replica its lookup saw least loaded).
-			if force {
-				st.Cost.Bound, forcedSettle = math.Inf(1), true
-			}
-			if o, done, err := r.bookSettled(ctx, in, loads, out, st, attempt, tm); done {
+		// not add up: it is booked on the version scored instead. A
+		// forced settlement is tried once.
+		if st, ok := r.settle(in, out); ok && !ids.merged() && !forcedSettle {
+			forcedSettle = force
+			if o, done, err := r.bookSettled(ctx, in, loads, out, unbounded(st, force), attempt, tm); done {
 				return o, err
 			}
 			// The cheapest of them was not under the cheapest left out:
@@ -121,6 +111,20 @@ func (r *Router) book(ctx context.Context, model string, in Input, loads []kvrou
 		}
 		slackDue = true
 	}
+}
+
+// unbounded is st with no bound when force is set: a booking out of
+// attempts or time is still settled by the store, on the cheapest of its
+// choices whatever the rivals left out cost. Booking the pick as scored
+// would ignore what the bookings made since the lookup wrote, the
+// predictions of a burst's first bookings above all (on a busy machine a
+// burst's decisions pass bookingBudget before their first attempt, and
+// every one of them then booked the replica its lookup saw least loaded).
+func unbounded(st scoring.Settlement, force bool) scoring.Settlement {
+	if force {
+		st.Cost.Bound = math.Inf(1)
+	}
+	return st
 }
 
 // decide scores in, as the decision's scoring stage.
