@@ -209,9 +209,9 @@ func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 	t.Helper()
 	switch k := f.kinds[r.IntN(len(f.kinds))]; k {
 	case "redis-sigstop":
-		hold := time.Duration(500+r.IntN(1500)) * time.Millisecond
+		hold := f.holdFor(r)
 		f.redis.kill(syscall.SIGSTOP)
-		time.Sleep(hold) // the fault's length, not a synchronisation
+		f.hold(t, "redis frozen", hold)
 		f.redis.kill(syscall.SIGCONT)
 		return k
 	case "redis-restart-empty":
@@ -230,7 +230,7 @@ func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 		f.pods[i].restart(f.podURL[i] + "/readyz")
 		return k
 	case "link-fault":
-		return f.linkFault(r)
+		return f.linkFault(t, r)
 	case "sim-restart":
 		i := r.IntN(len(f.sims))
 		f.cuts.Add(1)
@@ -242,11 +242,22 @@ func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 	return ""
 }
 
+// holdFor draws how many requests a fault lasts: it is held while the
+// traffic meets it, not for a time, so a slow machine meets it as often.
+func (f *soakFleet) holdFor(r *rand.Rand) int64 { return int64(5 + r.IntN(20)) }
+
+// hold waits until n more requests have ended under the fault.
+func (f *soakFleet) hold(t *testing.T, what string, n int64) {
+	t.Helper()
+	from := f.ended.Load()
+	wait.Until(t, fmt.Sprintf("%d requests ended under %s", n, what), func() bool { return f.ended.Load() >= from+n })
+}
+
 // linkFault degrades one pod→replica link through its proxy for a
 // while: latency on new connections, or every connection reset.
-func (f *soakFleet) linkFault(r *rand.Rand) string {
+func (f *soakFleet) linkFault(t *testing.T, r *rand.Rand) string {
 	px := f.proxies[r.IntN(len(f.proxies))]
-	hold := time.Duration(500+r.IntN(1500)) * time.Millisecond
+	hold := f.holdFor(r)
 	kind := "link-latency"
 	if r.IntN(2) == 0 {
 		kind = "link-reset"
@@ -256,7 +267,7 @@ func (f *soakFleet) linkFault(r *rand.Rand) string {
 	} else {
 		px.delay.Store(int64(time.Duration(100+r.IntN(900)) * time.Millisecond))
 	}
-	time.Sleep(hold) // the fault's length, not a synchronisation
+	f.hold(t, kind, hold)
 	px.reset.Store(false)
 	px.delay.Store(0)
 	return kind
