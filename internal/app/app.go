@@ -204,61 +204,16 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		TracerProvider: a.tel.TracerProvider, MeterProvider: a.tel.MeterProvider, Pod: cfg.Pod}); err != nil {
 		return nil, err
 	}
-	if cfg.ReplicasFile != "" {
-		reps, err := LoadReplicasFile(cfg.ReplicasFile)
-		if err != nil {
-			return nil, err
-		}
-		for i, r := range reps {
-			// The address policy is the operator's, as on the admin API.
-			if err := cfg.ReplicaPolicy.Check(r); err != nil {
-				return nil, fmt.Errorf("replicas file %s: entry %d: %w", cfg.ReplicasFile, i, err)
-			}
-		}
-		for _, r := range reps {
-			if err := a.Store.PutReplica(ctx, r); err != nil {
-				return nil, fmt.Errorf("replicas file: %s: %w", r.ID, err)
-			}
-		}
-		a.log.Info("registered replicas from file", "file", cfg.ReplicasFile, "count", len(reps))
+	if err = a.registerFile(ctx); err != nil {
+		return nil, err
 	}
-
 	if err = a.observeRouter(); err != nil {
 		return nil, err
 	}
 	if a.Prompts, err = a.buildPrompts(cfg.Tokenizers); err != nil {
 		return nil, err
 	}
-	a.API, err = api.New(api.Config{
-		Router:            a.Router,
-		Registry:          a.Store,
-		Prompts:           a.Prompts,
-		NoTokenForwarding: cfg.Tokenizers.NoTokenForwarding,
-		Ready:             a.ready,
-		Logger:            a.log,
-		MaxBodyBytes:      cfg.MaxBodyBytes,
-		MaxTokens:         cfg.MaxTokens,
-		Timeout:           cfg.RequestTimeout,
-		AccessLog:         cfg.AccessLog,
-		AccessLogEvery:    cfg.AccessLogEvery,
-		Access:            cfg.Access,
-		ReplicaPolicy:     cfg.ReplicaPolicy,
-		Transport:         a.Dialer.Transport(),
-		MaxOutputTokens:   cfg.MaxOutputTokens,
-		ProxyRetries:      cfg.ProxyRetries,
-		MaxQueueWait:      maxQueueWait(cfg.Router.Admission),
-		Metrics:           promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}),
-		MeterProvider:     a.tel.MeterProvider,
-		TracerProvider:    a.tel.TracerProvider,
-		Propagator:        a.tel.Propagator,
-
-		// How long a proxied request waits for its replica's headers.
-		ProxyHeaderTimeout:  cfg.ProxyHeaderTimeout,
-		ProxyResponseFactor: cfg.ProxyResponseFactor,
-		PrefillTPS:          cfg.Router.PrefillTPS,
-		DecodeTPS:           cfg.Router.DecodeTPS,
-	})
-	if err != nil {
+	if a.API, err = api.New(a.apiConfig()); err != nil {
 		return nil, err
 	}
 	a.srv = &http.Server{
@@ -270,6 +225,64 @@ func New(ctx context.Context, cfg Config) (_ *App, err error) {
 		ErrorLog:    slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 	}
 	return a, nil
+}
+
+// registerFile registers the replicas of Config.ReplicasFile, each checked
+// against the address policy first, as on the admin API.
+func (a *App) registerFile(ctx context.Context) error {
+	if a.cfg.ReplicasFile == "" {
+		return nil
+	}
+	reps, err := LoadReplicasFile(a.cfg.ReplicasFile)
+	if err != nil {
+		return err
+	}
+	for i, r := range reps {
+		// The address policy is the operator's, as on the admin API.
+		if err := a.cfg.ReplicaPolicy.Check(r); err != nil {
+			return fmt.Errorf("replicas file %s: entry %d: %w", a.cfg.ReplicasFile, i, err)
+		}
+	}
+	for _, r := range reps {
+		if err := a.Store.PutReplica(ctx, r); err != nil {
+			return fmt.Errorf("replicas file: %s: %w", r.ID, err)
+		}
+	}
+	a.log.Info("registered replicas from file", "file", a.cfg.ReplicasFile, "count", len(reps))
+	return nil
+}
+
+// apiConfig is the HTTP API's configuration, from the App's and its parts.
+func (a *App) apiConfig() api.Config {
+	return api.Config{
+		Router:            a.Router,
+		Registry:          a.Store,
+		Prompts:           a.Prompts,
+		NoTokenForwarding: a.cfg.Tokenizers.NoTokenForwarding,
+		Ready:             a.ready,
+		Logger:            a.log,
+		MaxBodyBytes:      a.cfg.MaxBodyBytes,
+		MaxTokens:         a.cfg.MaxTokens,
+		Timeout:           a.cfg.RequestTimeout,
+		AccessLog:         a.cfg.AccessLog,
+		AccessLogEvery:    a.cfg.AccessLogEvery,
+		Access:            a.cfg.Access,
+		ReplicaPolicy:     a.cfg.ReplicaPolicy,
+		Transport:         a.Dialer.Transport(),
+		MaxOutputTokens:   a.cfg.MaxOutputTokens,
+		ProxyRetries:      a.cfg.ProxyRetries,
+		MaxQueueWait:      maxQueueWait(a.cfg.Router.Admission),
+		Metrics:           promhttp.HandlerFor(a.Registry, promhttp.HandlerOpts{}),
+		MeterProvider:     a.tel.MeterProvider,
+		TracerProvider:    a.tel.TracerProvider,
+		Propagator:        a.tel.Propagator,
+
+		// How long a proxied request waits for its replica's headers.
+		ProxyHeaderTimeout:  a.cfg.ProxyHeaderTimeout,
+		ProxyResponseFactor: a.cfg.ProxyResponseFactor,
+		PrefillTPS:          a.cfg.Router.PrefillTPS,
+		DecodeTPS:           a.cfg.Router.DecodeTPS,
+	}
 }
 
 // reseed writes this pod's last copy of the registry back into a store
