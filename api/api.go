@@ -6,6 +6,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -283,6 +284,14 @@ func (cfg *Config) defaults() {
 	}
 	if cfg.SuspectTTL <= 0 {
 		cfg.SuspectTTL = DefaultSuspectTTL
+	}
+	// The header bound's factors, set once here rather than per request.
+	if cfg.ProxyResponseFactor <= 0 {
+		cfg.ProxyResponseFactor = DefaultProxyResponseFactor
+	}
+	if def := router.DefaultConfig(); cfg.PrefillTPS <= 0 || cfg.DecodeTPS <= 0 {
+		cfg.PrefillTPS = cmp.Or(max(cfg.PrefillTPS, 0), def.PrefillTPS)
+		cfg.DecodeTPS = cmp.Or(max(cfg.DecodeTPS, 0), def.DecodeTPS)
 	}
 	if cfg.AccessLog == "" {
 		cfg.AccessLog = AccessLogSampled

@@ -56,17 +56,7 @@ func (s *Server) headerBound(stream bool, req router.Request, d keyed) time.Dura
 	if req.MaxTokens <= 0 {
 		return 0
 	}
-	def := router.DefaultConfig()
 	factor, prefill, decode := s.cfg.ProxyResponseFactor, s.cfg.PrefillTPS, s.cfg.DecodeTPS
-	if factor <= 0 {
-		factor = DefaultProxyResponseFactor
-	}
-	if prefill <= 0 {
-		prefill = def.PrefillTPS
-	}
-	if decode <= 0 {
-		decode = def.DecodeTPS
-	}
 	promptTokens := max(len(d.prompt.Tokens), d.PromptBlocks*d.BlockSize)
 	secs := floor.Seconds() + factor*(float64(promptTokens)/prefill+float64(req.MaxTokens)/decode)
 	if !(secs < maxHeaderBound.Seconds()) { // NaN too
