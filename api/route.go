@@ -82,7 +82,9 @@ type RouteResponse struct {
 	Degraded bool   `json:"degraded"`
 	Reason   string `json:"reason,omitempty"`
 	// ExpiresAt is when the booked load is released if the client never
-	// reports the request's end. Degraded decisions book nothing.
+	// reports the request's end. A decision that bypassed the store books
+	// nothing and has none; one made while the index is rebuilt after the
+	// store lost its data (degraded, with the store-reset reason) is booked.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// Tokenization says where the prompt's token ids came from: given,
 	// local, remote, or none (then CacheBlind says why, and the decision

@@ -21,7 +21,8 @@ echo "Redis-backed tests run against a real server: $(grep -c 'real redis-server
 echo "Redis Cluster tests run against a real cluster: $(grep -c 'real Redis Cluster' "$log" || true) clusters started"
 if [ "$status" -ne 0 ]; then
   echo "== failures (full log: $log)"
-  grep -B2 -A25 -E '^[[:space:]]*--- FAIL' "$log" | head -300 || tail -100 "$log"
+  awk -f scripts/failures.awk "$log" | head -300
+  grep -E '^(panic:|FAIL[[:space:]])' "$log" | head -20 || true
 fi
 passed=$(grep -cE '^[[:space:]]*--- PASS' "$log" || true)
 failed=$(grep -cE '^[[:space:]]*--- FAIL' "$log" || true)
@@ -35,7 +36,8 @@ grep -E '^(ok|FAIL|---[[:space:]]FAIL|WARNING: DATA RACE|panic:)' "$rlog" || tru
 if [ "$rstatus" -ne 0 ]; then
   failed=$((failed + 1))
   echo "== race-run failures (full log: $rlog)"
-  grep -B2 -A40 -E '^[[:space:]]*--- FAIL|^WARNING: DATA RACE|^panic:' "$rlog" | head -300 || tail -100 "$rlog"
+  awk -f scripts/failures.awk "$rlog" | head -200
+  grep -B2 -A40 -E '^WARNING: DATA RACE|^panic:' "$rlog" | head -200 || tail -100 "$rlog"
 fi
 fstatus=0
 if [ -d ingestor/kvevents ] && grep -q 'func FuzzDecode' ingestor/kvevents/*_test.go 2>/dev/null; then

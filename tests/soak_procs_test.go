@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,11 +33,40 @@ type soakProc struct {
 	down atomic.Bool
 }
 
+// soakLogDirs holds each soak test's process-log directory.
+var soakLogDirs sync.Map // *testing.T -> string
+
+// soakLogDir is the directory t's processes log to. It is removed when t
+// passes and kept when it fails, its path logged: a broken invariant is
+// diagnosed from what the ingestors and pods said, after the test ended.
+func soakLogDir(t *testing.T) string {
+	t.Helper()
+	if d, ok := soakLogDirs.Load(t); ok {
+		return d.(string)
+	}
+	d, err := os.MkdirTemp("", "kvroute-soak-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	soakLogDirs.Store(t, d)
+	// Registered before the processes' own cleanups, so run after them:
+	// every log is complete by then.
+	t.Cleanup(func() {
+		soakLogDirs.Delete(t)
+		if t.Failed() {
+			t.Logf("the processes' logs are kept in %s", d)
+			return
+		}
+		os.RemoveAll(d)
+	})
+	return d
+}
+
 // startSoakProc starts bin with args, stderr appended to a log file that
 // survives restarts, stopped (SIGTERM, then SIGKILL) when t ends.
 func startSoakProc(t *testing.T, bin, name string, args ...string) *soakProc {
 	t.Helper()
-	logf, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	logf, err := os.Create(filepath.Join(soakLogDir(t), name+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
