@@ -317,6 +317,11 @@ var (
 	ErrNoReplica    = errors.New("no routable replica")
 	ErrUnavailable  = errors.New("state store unavailable")
 	ErrInvalidInput = errors.New("invalid input")
+	// ErrFenced is a write to a replica's index by a writer that is not
+	// the one the store holds for it: another ingestor took the replica
+	// over, and only one may write it, or a reset of one would wipe what
+	// the other applied.
+	ErrFenced = errors.New("another writer holds the replica")
 )
 
 // FieldError is bad input attributable to one request field; api turns it

@@ -35,8 +35,10 @@ type Registry interface {
 	// bookings) if del still approves of the stored one.
 	DeleteReplicaIf(ctx context.Context, id string, del func(kvroute.Replica) bool) (bool, error)
 	// ResetReplica forgets a replica's event-fed index entries and
-	// applied seq: one that came back is a restarted cache.
-	ResetReplica(ctx context.Context, model, replica string) error
+	// applied seq: one that came back is a restarted cache. Discovery
+	// is no index writer: it passes an empty writer, never fenced, and
+	// the follower notices the reset by its seq.
+	ResetReplica(ctx context.Context, model, replica, writer string) error
 	// Acquire takes or renews the lease that makes one process at a time
 	// the writer of a source's replicas.
 	Acquire(ctx context.Context, name, owner string, ttl time.Duration) (bool, error)
@@ -343,7 +345,7 @@ func (r *Reconciler) apply(ctx context.Context, name, id string, ep Endpoint, cu
 		// Back before its purge: a restarted engine, whose cache is empty
 		// and whose event seq starts over. Reset before it is routable.
 		for _, e := range cur.Engines() {
-			if err := r.c.Registry.ResetReplica(ctx, cur.Model, e.ID); err != nil {
+			if err := r.c.Registry.ResetReplica(ctx, cur.Model, e.ID, ""); err != nil {
 				r.log.Warn("discovery: reset a returning replica", "source", name, "replica", e.ID, "err", err)
 				return
 			}

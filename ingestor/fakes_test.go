@@ -18,7 +18,8 @@ import (
 // fakeStore is an in-memory ingestor.Store with the real store's semantics
 // where the ingestor depends on them: ApplyRun is a no-op for a run whose
 // first seq is not newer than the applied one, ResetReplica forgets entries
-// and seq.
+// and seq, and both refuse a writer other than the replica's claimed one
+// (ErrFenced).
 type fakeStore struct {
 	mu       sync.Mutex
 	seq      map[string]int64
@@ -32,7 +33,8 @@ type fakeStore struct {
 	// as a reply lost after the script ran; failReset how many
 	// ResetReplica calls fail.
 	failAfter, failReset int
-	from                 map[string]int64 // first seq of the history stored
+	from                 map[string]int64  // first seq of the history stored
+	writer               map[string]string // each replica's claimed writer
 
 	replicas  []kvroute.Replica
 	version   int64
@@ -51,13 +53,42 @@ func newFakeStore() *fakeStore {
 		seq: map[string]int64{}, e2r: map[string]map[uint64]kvroute.BlockKey{},
 		held: map[string]map[kvroute.BlockKey]int{}, applied: map[string][]int64{}, calls: map[string]int{}, resets: map[string]int{},
 		leases: map[string]string{}, health: map[string]kvroute.Health{}, scraped: map[string][3]float64{}, blockSize: map[string]int{},
-		purged: map[string]int{}, from: map[string]int64{},
+		purged: map[string]int{}, from: map[string]int64{}, writer: map[string]string{},
 	}
+}
+
+// fenced applies lua/fence.lua's rule to replica id: writer is refused
+// when another holds it, and claims it when nobody does. The caller holds
+// s.mu.
+func (s *fakeStore) fenced(id, writer string) bool {
+	switch holder := s.writer[id]; {
+	case writer == "":
+		return false
+	case holder != "" && holder != writer:
+		return true
+	default:
+		s.writer[id] = writer
+		return false
+	}
+}
+
+// callCount is how many ApplyRun calls the replica had.
+func (s *fakeStore) callCount(model, replica string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[model+"/"+replica]
+}
+
+func (s *fakeStore) ClaimReplica(_ context.Context, model, replica, writer string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writer[model+"/"+replica] = writer
+	return nil
 }
 
 var _ ingestor.Store = (*fakeStore)(nil)
 
-func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
+func (s *fakeStore) ApplyRun(_ context.Context, model, replica, writer string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := model + "/" + replica
@@ -65,6 +96,9 @@ func (s *fakeStore) ApplyRun(_ context.Context, model, replica string, first, la
 	if s.failNext > 0 {
 		s.failNext--
 		return kvroute.ApplyResult{}, errors.New("fake: unavailable")
+	}
+	if s.fenced(id, writer) {
+		return kvroute.ApplyResult{}, kvroute.ErrFenced
 	}
 	applied, had := s.seq[id]
 	if had && applied >= first {
@@ -136,7 +170,7 @@ func (s *fakeStore) AppliedSeq(_ context.Context, model, replica string) (int64,
 	return v, ok, nil
 }
 
-func (s *fakeStore) ResetReplica(_ context.Context, model, replica string) error {
+func (s *fakeStore) ResetReplica(_ context.Context, model, replica, writer string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failReset > 0 {
@@ -144,6 +178,9 @@ func (s *fakeStore) ResetReplica(_ context.Context, model, replica string) error
 		return errors.New("fake: reset unavailable")
 	}
 	id := model + "/" + replica
+	if s.fenced(id, writer) {
+		return kvroute.ErrFenced
+	}
 	delete(s.from, id)
 	delete(s.seq, id)
 	delete(s.e2r, id)
@@ -262,8 +299,9 @@ func (s *fakeStore) SweepExpired(context.Context, string) (int, error) {
 func (s *fakeStore) PurgeReplica(ctx context.Context, model, replica string) error {
 	s.mu.Lock()
 	s.purged[replica]++
+	delete(s.writer, model+"/"+replica)
 	s.mu.Unlock()
-	return s.ResetReplica(ctx, model, replica)
+	return s.ResetReplica(ctx, model, replica, "")
 }
 
 // appliedSeqs returns the seqs applied for replica since the last call.

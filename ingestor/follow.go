@@ -17,8 +17,10 @@ type IndexStore interface {
 	KeyLookup
 	// ApplyRun applies the ops of the consecutive batches first..last in
 	// one atomic call, or nothing when the applied seq is first or newer
-	// (see store.Store.ApplyRun).
-	ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error)
+	// (see store.Store.ApplyRun). A writer the store does not hold for the
+	// replica is refused with kvroute.ErrFenced: another ingestor took it
+	// over.
+	ApplyRun(ctx context.Context, model, replica, writer string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error)
 	// AppliedSeq is the seq of the last batch the store applied for the
 	// replica (false: none), where a follower that starts or restarts
 	// resumes, so that a gap is replayed rather than skipped.
@@ -28,8 +30,8 @@ type IndexStore interface {
 	HistoryStart(ctx context.Context, model, replica string) (int64, bool, error)
 	// ResetReplica forgets the replica's event-fed entries and applied
 	// seq, before a rebuild from its replay buffer (the engine restarted,
-	// or the store lost what it had).
-	ResetReplica(ctx context.Context, model, replica string) error
+	// or the store lost what it had); fenced as ApplyRun is.
+	ResetReplica(ctx context.Context, model, replica, writer string) error
 }
 
 // ReplayFunc asks a replica's replay socket for every buffered batch with
@@ -45,6 +47,13 @@ type FollowerConfig struct {
 	Replica kvroute.Replica
 	// Store is where the replica's batches are applied. Required.
 	Store IndexStore
+	// Writer names this follower's ingestor to the store, which refuses
+	// writes by any other than the replica's claimed writer
+	// (kvroute.ErrFenced), so that two ingestors that both believe they
+	// follow the replica (a lease handover) cannot interleave a reset
+	// with the other's batches. Empty means unfenced: a caller that is
+	// the replica's only writer.
+	Writer string
 	// Replay fetches buffered batches to close gaps. Nil means the replica
 	// has no replay endpoint: a gap then clears the replica and rebuilds
 	// it from the live stream.
@@ -92,6 +101,7 @@ type FollowerConfig struct {
 type Follower struct {
 	rep    kvroute.Replica
 	st     IndexStore
+	writer string
 	replay ReplayFunc
 	tr     *Translator
 	m      *Metrics
@@ -121,6 +131,10 @@ type Follower struct {
 	// and found the loss, its reply lost with the error. readSeq asks the
 	// store whether that run began a new history.
 	failedFirst int64
+	// fenced: the store refused a write, another ingestor holds the
+	// replica. Nothing is applied until Unfence: the caller finds out
+	// whether this ingestor still owns the replica.
+	fenced bool
 
 	// ops and run are reused from one store call to the next.
 	ops []kvroute.IndexOp
@@ -149,6 +163,7 @@ func NewFollower(c FollowerConfig) *Follower {
 	return &Follower{
 		rep:         c.Replica,
 		st:          c.Store,
+		writer:      c.Writer,
 		replay:      c.Replay,
 		tr:          NewTranslator(c.Replica.Model, c.Replica.ID, c.Seed, c.Store),
 		m:           c.Metrics,
@@ -170,6 +185,9 @@ func (f *Follower) Last() (int64, bool) { return f.last, f.have }
 // no ingestor listened. A failed replay is logged, not fatal: the live
 // stream's seq check still notices what is missing.
 func (f *Follower) Sync(ctx context.Context) error {
+	if f.fenced {
+		return errFenced
+	}
 	f.liveSeq, f.replayedTo = -1, -1
 	if err := f.readSeq(ctx); err != nil {
 		return err
@@ -186,6 +204,9 @@ func (f *Follower) Sync(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if f.fenced {
+			return err
+		}
 		f.log.Warn("replay on connect", "err", err)
 		return f.relearn(ctx)
 	}
@@ -196,6 +217,25 @@ func (f *Follower) Sync(ctx context.Context) error {
 // Invalidate makes the next message re-read the store's applied seq, after
 // someone else changed the replica's entries (a purge).
 func (f *Follower) Invalidate() { f.synced = false }
+
+// errFenced is what a fenced follower answers without asking the store.
+var errFenced = fmt.Errorf("ingestor: follow: %w", kvroute.ErrFenced)
+
+// Fenced reports whether the store refused this follower's writes: another
+// writer holds the replica.
+func (f *Follower) Fenced() bool { return f.fenced }
+
+// Unfence lets a fenced follower write again once its ingestor has claimed
+// the replica back; it re-reads the store first, which the other writer
+// may have moved on.
+func (f *Follower) Unfence() { f.fenced, f.synced = false, false }
+
+// fence notes err when it says the store refused this follower's write.
+func (f *Follower) fence(err error) {
+	if errors.Is(err, kvroute.ErrFenced) {
+		f.fenced, f.synced = true, false
+	}
+}
 
 func (f *Follower) readSeq(ctx context.Context) error {
 	seq, ok, err := f.st.AppliedSeq(ctx, f.rep.Model, f.rep.ID)
@@ -232,10 +272,16 @@ func (f *Follower) readSeq(ctx context.Context) error {
 
 // Handle applies one live batch.
 func (f *Follower) Handle(ctx context.Context, b kvevents.Batch) error {
+	if f.fenced {
+		return errFenced
+	}
 	return errors.Join(f.handle(ctx, b), f.relearn(ctx))
 }
 
 func (f *Follower) handle(ctx context.Context, b kvevents.Batch) error {
+	if f.fenced {
+		return errFenced
+	}
 	if b.Seq > math.MaxInt64 {
 		f.m.decodeErrors.WithLabelValues(kvevents.RejectSeq).Inc()
 		return nil
@@ -388,7 +434,7 @@ func (f *Follower) replayOnce(ctx context.Context) error {
 // its start, as after a restart. A replica without a replay socket keeps
 // what the stream brought: nothing could rebuild more.
 func (f *Follower) relearn(ctx context.Context) error {
-	if !f.lost {
+	if !f.lost || f.fenced {
 		return nil
 	}
 	if f.replay == nil {
@@ -407,6 +453,9 @@ func (f *Follower) relearn(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if f.fenced {
+			return err
+		}
 		// As on connect: the live stream's seq check notices what is
 		// still missing and replays again.
 		f.log.Warn("replay after the store lost the replica", "err", err)
@@ -415,8 +464,12 @@ func (f *Follower) relearn(ctx context.Context) error {
 }
 
 func (f *Follower) reset(ctx context.Context, reason string) error {
-	if err := f.st.ResetReplica(ctx, f.rep.Model, f.rep.ID); err != nil {
+	if f.fenced {
+		return errFenced
+	}
+	if err := f.st.ResetReplica(ctx, f.rep.Model, f.rep.ID, f.writer); err != nil {
 		f.synced = false
+		f.fence(err)
 		return fmt.Errorf("reset replica: %w", err)
 	}
 	f.m.resets.WithLabelValues(reason).Inc()
@@ -440,7 +493,7 @@ const maxRunOps = 256
 // catches up in a few round trips.
 func (f *Follower) HandleBatches(ctx context.Context, bs []kvevents.Batch) error {
 	var errs []error
-	for len(bs) > 0 {
+	for len(bs) > 0 && !f.fenced {
 		n, err := f.applyRun(ctx, bs)
 		if n == 0 {
 			n, err = 1, f.handle(ctx, bs[0])
@@ -505,6 +558,9 @@ func (f *Follower) applyRun(ctx context.Context, bs []kvevents.Batch) (int, erro
 
 // apply translates and applies one batch as one store call.
 func (f *Follower) apply(ctx context.Context, b kvevents.Batch) error {
+	if f.fenced {
+		return errFenced
+	}
 	f.countSkipped(b.Skipped)
 	if err := f.tr.fetch(ctx, f.tr.missing(b.Events)); err != nil {
 		f.synced = false
@@ -535,10 +591,10 @@ func (f *Follower) countSkipped(skipped map[string]int) {
 func (f *Follower) store(ctx context.Context) (int, error) {
 	run := f.run
 	first, last := int64(run[0].b.Seq), int64(run[len(run)-1].b.Seq)
-	res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, first, last, f.ops[:run[len(run)-1].end])
+	res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, f.writer, first, last, f.ops[:run[len(run)-1].end])
 	if err != nil {
 		// The store is the truth: re-read it before the next batch.
-		f.failed(first)
+		f.failed(first, err)
 		return 1, fmt.Errorf("apply seq %d: %w", first, err)
 	}
 	if res.Applied || len(run) == 1 {
@@ -549,9 +605,9 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 	for i := range run {
 		p := &run[i]
 		seq := int64(p.b.Seq)
-		res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, seq, seq, f.ops[from:p.end])
+		res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, f.writer, seq, seq, f.ops[from:p.end])
 		if err != nil {
-			f.failed(seq)
+			f.failed(seq, err)
 			return i + 1, fmt.Errorf("apply seq %d: %w", seq, err)
 		}
 		f.account(run[i:i+1], res)
@@ -560,13 +616,14 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 	return len(run), nil
 }
 
-// failed notes an apply of a run from first that returned an error: the
-// store must be re-read before the next batch, and when the run continued
-// the follower's history, readSeq checks whether it found the store had
-// lost it.
-func (f *Follower) failed(first int64) {
+// failed notes an apply of a run from first that returned err: the store
+// must be re-read before the next batch, and when the run continued the
+// follower's history, readSeq checks whether it found the store had lost
+// it. A refused writer is fenced.
+func (f *Follower) failed(first int64, err error) {
 	f.synced = false
-	if f.have && first == f.last+1 {
+	f.fence(err)
+	if f.have && first == f.last+1 && !f.fenced {
 		f.failedFirst = first
 	}
 }

@@ -1,6 +1,7 @@
 package ingestor_test
 
 import (
+	"errors"
 	"reflect"
 	"testing"
 
@@ -624,6 +625,84 @@ func TestFollowerHandleBatches(t *testing.T) {
 		fx.st.mu.Unlock()
 		if refs != 2 {
 			t.Errorf("block 0 held %d times, want 2 (GPU and the offloaded copy)", refs)
+		}
+	})
+}
+
+// TestFollowerFenced: two followers of one replica, as during a lease
+// handover, where the former owner has not noticed it lost the lease. The
+// new owner claimed the replica; the former one then misses a batch and,
+// having no replay socket, would clear the replica and start over from the
+// batch after the gap. Unfenced, that reset wiped what the new owner had
+// applied and the index stayed short of the replica's cache (the chaos
+// soak's finding: index 213 blocks, cache 334). Fenced, the store refuses
+// the former owner's reset and every later write, and the new owner's
+// history stays whole.
+func TestFollowerFenced(t *testing.T) {
+	fx := newFollow(t, true, 0)
+	follower := func(writer string, withReplay bool) *ingestor.Follower {
+		c := ingestor.FollowerConfig{Replica: kvroute.Replica{ID: tRep, Model: tModel}, Store: fx.st, Writer: writer}
+		if withReplay {
+			c.Replay = fx.pub.replay(&fx.replays)
+		}
+		return ingestor.NewFollower(c)
+	}
+	ctx := t.Context()
+	old, next := follower("ing-a", false), follower("ing-b", true)
+	handle := func(f *ingestor.Follower, frames [][]byte) error {
+		t.Helper()
+		b, err := kvevents.Decode(frames)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f.Handle(ctx, b)
+	}
+	for range 3 {
+		if err := handle(old, fx.block()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fx.st.ClaimReplica(ctx, tModel, tRep, "ing-b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Sync(ctx); err != nil {
+		t.Fatalf("the new owner's sync: %v", err)
+	}
+	missed := fx.block() // the former owner's SUB drops it
+	if err := handle(next, missed); err != nil {
+		t.Fatal(err)
+	}
+	after := fx.block()
+	if err := handle(next, after); err != nil {
+		t.Fatal(err)
+	}
+	if err := handle(old, after); !errors.Is(err, kvroute.ErrFenced) {
+		t.Errorf("the former owner's batch after its gap: err %v, want ErrFenced", err)
+	}
+	if !old.Fenced() {
+		t.Error("the former owner is not fenced")
+	}
+	fx.wantResets(t, 0)
+	fx.wantHeld(t, 0, 5)
+	t.Run("a fenced follower asks the store nothing", func(t *testing.T) {
+		calls := fx.st.callCount(tModel, tRep)
+		if err := handle(old, fx.block()); !errors.Is(err, kvroute.ErrFenced) {
+			t.Errorf("err %v, want ErrFenced", err)
+		}
+		if got := fx.st.callCount(tModel, tRep); got != calls {
+			t.Errorf("store calls: got %d, want %d", got, calls)
+		}
+	})
+	t.Run("unfenced, it resumes from what the store holds", func(t *testing.T) {
+		if err := fx.st.ClaimReplica(ctx, tModel, tRep, "ing-a"); err != nil {
+			t.Fatal(err)
+		}
+		old.Unfence()
+		if err := handle(old, fx.block()); err != nil {
+			t.Fatalf("after the claim back: %v", err)
+		}
+		if err := handle(next, fx.block()); !errors.Is(err, kvroute.ErrFenced) {
+			t.Errorf("the other writer after the claim back: err %v, want ErrFenced", err)
 		}
 	})
 }

@@ -67,6 +67,11 @@ type Store interface {
 	// SetFollowed records when the replica's stream was caught up (zero:
 	// nobody follows it), which tells decisions its index is complete.
 	SetFollowed(ctx context.Context, id string, since time.Time) error
+	// ClaimReplica makes owner the only writer the store accepts for the
+	// replica's index, so that an ingestor that lost the replica's lease
+	// without noticing yet cannot interleave its writes (a reset above
+	// all) with the new owner's (see store.Store.ClaimReplica).
+	ClaimReplica(ctx context.Context, model, replica, owner string) error
 	// SweepExpired releases the model's expired leases (bookings of pods
 	// that died mid-request) and reports how many.
 	SweepExpired(ctx context.Context, model string) (int, error)
@@ -314,7 +319,7 @@ func (in *Ingestor) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, o := range os {
-		in.stopWorker(o)
+		in.stopWorker(o, true)
 		if err := in.st.ReleaseOwnership(ctx, leaseName(o.rep.ID), in.c.Owner); err != nil {
 			in.log.Warn("release lease", "replica", o.rep.ID, "err", err)
 		}
@@ -360,7 +365,7 @@ func (in *Ingestor) renewLeases(ctx context.Context) {
 			}
 			in.log.Warn("acquire lease", "replica", r.ID, "err", err)
 			if o != nil && now.Sub(o.renewed) > in.c.LeaseTTL {
-				in.drop(o, "lease expired")
+				in.drop(o, "lease expired", true)
 			}
 		case ok && o == nil:
 			in.start(ctx, r, now)
@@ -369,20 +374,55 @@ func (in *Ingestor) renewLeases(ctx context.Context) {
 			o.renewed = now
 			in.mu.Unlock()
 		case o != nil:
-			in.drop(o, "lease lost")
+			// Another ingestor holds the lease, and follows the
+			// replica: it is not left unfollowed.
+			in.drop(o, "lease lost", false)
 		}
 	}
 	in.m.owned.Set(float64(len(in.Owned())))
 }
 
-func (in *Ingestor) drop(o *owned, why string) {
-	in.log.Info("giving up replica", "replica", o.rep.ID, "why", why)
+// drop stops following o; unfollow also records that nobody follows it,
+// which is wrong when another ingestor took it over.
+func (in *Ingestor) drop(o *owned, why string, unfollow bool) {
 	in.mu.Lock()
-	if in.owned[o.rep.ID] == o {
-		delete(in.owned, o.rep.ID)
+	id := o.rep.ID
+	if in.owned[id] == o {
+		delete(in.owned, id)
 	}
 	in.mu.Unlock()
-	in.stopWorker(o)
+	in.log.Info("giving up replica", "replica", id, "why", why)
+	in.stopWorker(o, unfollow)
+}
+
+// fenced answers a worker whose writes the store refused: another ingestor
+// claimed the replica. While this ingestor still holds the replica's lease
+// (the other claimed it in a gap, when the store lost the lease key with
+// its data), it claims the replica back and the worker resyncs from what
+// the store holds; otherwise it gives the replica up to the lease's holder.
+func (in *Ingestor) fenced(ctx context.Context, o *owned) {
+	in.mu.Lock()
+	r := o.rep
+	in.mu.Unlock()
+	ok, err := in.st.Acquire(ctx, leaseName(r.ID), in.c.Owner, in.c.LeaseTTL)
+	if err == nil && ok {
+		err = in.st.ClaimReplica(ctx, r.Model, r.ID, in.c.Owner)
+		if err == nil {
+			in.log.Warn("claimed a replica back from another ingestor: this one holds its lease", "replica", r.ID)
+			o.w.reclaimed()
+			return
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		// Nothing is known for sure: the next lease round starts it
+		// again if the lease is still this ingestor's.
+		in.log.Warn("fenced replica", "replica", r.ID, "err", err)
+	}
+	in.drop(o, "another ingestor writes it", false)
+	in.m.owned.Set(float64(len(in.Owned())))
 }
 
 // start begins following r. A replica without an events endpoint (in dial
@@ -403,8 +443,15 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 				return in.c.Transport.Replay(ctx, ep, from, timeout, fn)
 			}
 		}
+		// Claimed before the first write: from here the store refuses
+		// the previous owner's, if it still writes. A claim that fails
+		// is made by the first batch applied, unless another writer
+		// holds the replica: then the follower is fenced (fenced).
+		if err := in.st.ClaimReplica(ctx, r.Model, r.ID, in.c.Owner); err != nil && ctx.Err() == nil {
+			log.Warn("claim replica", "err", err)
+		}
 		f := NewFollower(FollowerConfig{
-			Replica: r, Store: in.st, Replay: replay, Seed: in.c.Seed,
+			Replica: r, Store: in.st, Writer: in.c.Owner, Replay: replay, Seed: in.c.Seed,
 			Metrics: in.m, Logger: in.log, Now: in.c.Now,
 		})
 		o.w = newWorker(workerConfig{
@@ -425,6 +472,7 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 					log.Warn("record followed", "err", err)
 				}
 			},
+			onFenced: func() { go in.fenced(ctx, o) },
 		})
 		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		o.cancel, o.done = cancel, make(chan struct{})
@@ -441,7 +489,9 @@ func (in *Ingestor) start(ctx context.Context, r kvroute.Replica, now time.Time)
 	in.log.Info("following replica", "replica", r.ID, "events", r.Events)
 }
 
-func (in *Ingestor) stopWorker(o *owned) {
+// stopWorker stops o's worker; unfollow then records that nobody follows
+// the replica, if the worker had caught up on it.
+func (in *Ingestor) stopWorker(o *owned, unfollow bool) {
 	if o.w == nil {
 		return
 	}
@@ -450,7 +500,7 @@ func (in *Ingestor) stopWorker(o *owned) {
 	}
 	o.cancel()
 	<-o.done
-	if o.w.synced() {
+	if unfollow && o.w.synced() {
 		// Nobody follows it now (until another ingestor takes it over):
 		// its index goes stale from here.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

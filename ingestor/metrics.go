@@ -43,6 +43,7 @@ type Metrics struct {
 	purges          counter
 	owned           *gauge
 	swept           counter
+	fenced          counter
 	// Per replica: what an operator alerts on ("no events applied for N s
 	// while traffic flows", the most common silent failure of an index).
 	replicaBatches counterVec
@@ -104,7 +105,9 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		purges:          c("purges_total", "Replicas purged after a grace period of unhealth or deletion."),
 		owned:           &gauge{},
 		swept:           c("swept_leases_total", "Expired load leases released by the sweeper."),
-		replicaBatches:  cv("replica_batches_applied_total", "Event batches applied to the index, by replica.", "replica"),
+		fenced: c("fenced_total",
+			"Times the store refused this ingestor's writes to a replica because another ingestor had claimed it (a lease handover)."),
+		replicaBatches: cv("replica_batches_applied_total", "Event batches applied to the index, by replica.", "replica"),
 		replicaApplied: gv("replica_last_applied_timestamp_seconds",
 			"When a batch of the replica's events was last applied (Unix seconds): alert when it falls behind while the replica serves traffic.", "replica"),
 	}

@@ -237,7 +237,7 @@ func (in *Ingestor) keepMissing(next map[string]kvroute.Replica) {
 func (in *Ingestor) dropGone(ctx context.Context, gone []*owned) {
 	for _, o := range gone {
 		in.log.Info("replica deleted", "replica", o.rep.ID)
-		in.stopWorker(o)
+		in.stopWorker(o, true)
 		if err := in.st.PurgeReplica(ctx, o.rep.Model, o.rep.ID); err != nil {
 			in.log.Warn("purge deleted replica", "replica", o.rep.ID, "err", err)
 		} else {
@@ -255,7 +255,7 @@ func (in *Ingestor) dropGone(ctx context.Context, gone []*owned) {
 func (in *Ingestor) stopChanged(ctx context.Context, changed []*owned, next map[string]kvroute.Replica) {
 	for _, o := range changed {
 		in.log.Info("replica changed", "replica", o.rep.ID)
-		in.stopWorker(o)
+		in.stopWorker(o, true)
 		if o.rep.Model != next[o.rep.ID].Model {
 			// Its entries live under the old model's keys: nobody will
 			// ever look them up again.

@@ -2,6 +2,7 @@ package ingestor
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -69,6 +70,12 @@ type workerConfig struct {
 	// the store lost its data), so that the registry says the replica is
 	// followed again after whatever cleared it; nil means nobody is told.
 	onSynced func(ctx context.Context)
+	// onFenced is called, once until the worker is reclaimed, when the
+	// store refused the follower's writes: another ingestor claimed the
+	// replica. It must not block (the ingestor answers asynchronously,
+	// with reclaimed or by stopping the worker); nil means the worker
+	// stays fenced.
+	onFenced func()
 }
 
 // maxDrain bounds the messages a worker takes off its queue at once.
@@ -82,9 +89,13 @@ type worker struct {
 	in     chan feed
 	redial chan struct{}
 	purged chan struct{}
-	resync chan struct{}    // the store lost its data: catch up again
-	feeds  []feed           // reused by drain
-	bs     []kvevents.Batch // reused by handle
+	resync chan struct{} // the store lost its data: catch up again
+	// reclaim: the ingestor claimed the replica back after the store
+	// fenced the follower; fenceSent says onFenced was called since.
+	reclaim   chan struct{}
+	fenceSent atomic.Bool
+	feeds     []feed           // reused by drain
+	bs        []kvevents.Batch // reused by handle
 
 	mu        sync.Mutex
 	downSince time.Time // zero while the stream is connected
@@ -117,6 +128,15 @@ func (w *worker) storeReset() {
 	}
 }
 
+// reclaimed tells a fenced worker that its ingestor claimed the replica
+// back: it re-reads the store and catches up.
+func (w *worker) reclaimed() {
+	select {
+	case w.reclaim <- struct{}{}:
+	default:
+	}
+}
+
 func newWorker(c workerConfig) *worker {
 	w := &worker{
 		workerConfig: c,
@@ -124,6 +144,7 @@ func newWorker(c workerConfig) *worker {
 		redial:       make(chan struct{}, 1),
 		purged:       make(chan struct{}, 1),
 		resync:       make(chan struct{}, 1),
+		reclaim:      make(chan struct{}, 1),
 	}
 	w.downSince = c.now()
 	return w
@@ -186,6 +207,10 @@ func (w *worker) run(ctx context.Context) {
 		case <-w.resync:
 			// A quiet replica sends no batch that would find the loss:
 			// catch up now, on the connection there is.
+			w.handle(ctx, w.drain(feed{resync: true}))
+		case <-w.reclaim:
+			w.follower.Unfence()
+			w.fenceSent.Store(false)
 			w.handle(ctx, w.drain(feed{resync: true}))
 		case <-stall.C:
 			w.mu.Lock()
@@ -268,6 +293,13 @@ func (w *worker) handle(ctx context.Context, fs []feed) {
 	w.apply(ctx, bs)
 	clear(fs) // let the messages go
 	w.bs = bs[:0]
+	if w.follower.Fenced() && w.fenceSent.CompareAndSwap(false, true) {
+		w.log.Info("the store refused this ingestor's writes: another ingestor claimed the replica")
+		w.m.fenced.Inc()
+		if w.onFenced != nil {
+			w.onFenced()
+		}
+	}
 }
 
 // sync catches the follower up on the stream and, when that succeeds,
@@ -275,7 +307,7 @@ func (w *worker) handle(ctx context.Context, fs []feed) {
 func (w *worker) sync(ctx context.Context) {
 	gen := w.resets.Load()
 	if err := w.follower.Sync(ctx); err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !errors.Is(err, kvroute.ErrFenced) {
 			w.log.Warn("sync", "err", err)
 		}
 		return
@@ -310,7 +342,7 @@ func (w *worker) apply(ctx context.Context, bs []kvevents.Batch) {
 	if len(bs) == 0 {
 		return
 	}
-	if err := w.follower.HandleBatches(ctx, bs); err != nil && ctx.Err() == nil {
+	if err := w.follower.HandleBatches(ctx, bs); err != nil && ctx.Err() == nil && !errors.Is(err, kvroute.ErrFenced) {
 		w.log.Warn("apply", "err", err)
 	}
 	clear(bs) // let the events go

@@ -33,7 +33,7 @@ func keyBytes(keys []kvroute.BlockKey) []byte {
 // apply.lua's general path, one more round trip) and writes them with one
 // HSET per hash.
 func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
-	return s.ApplyRun(ctx, model, replica, seq, seq, ops)
+	return s.ApplyRun(ctx, model, replica, "", seq, seq, ops)
 }
 
 // ApplyRun applies the ops of a replica's consecutive batches first..last,
@@ -44,7 +44,12 @@ func (s *Store) Apply(ctx context.Context, model, replica string, seq int64, ops
 // changes and Applied is false, even if part of the run is newer. A caller
 // that holds the batches apart then applies them one by one, so that
 // exactly the stale ones are no-ops.
-func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
+//
+// writer is the ingestor applying the run: a writer other than the one the
+// store holds for the replica (see ClaimReplica) is refused with
+// kvroute.ErrFenced, nothing changed, and a replica with none is claimed by
+// the run. An empty writer is not fenced (Apply).
+func (s *Store) ApplyRun(ctx context.Context, model, replica, writer string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	if first > last {
 		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: seqs %d to %d: %w", first, last, kvroute.ErrInvalidInput)
 	}
@@ -54,7 +59,7 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 		if err != nil {
 			return kvroute.ApplyResult{}, err
 		}
-		args := fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c)
+		args := append(fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c), writer)
 		keys := []string{metaKey(model, replica), loadKey(model), blkKey(model), e2rKey(model, replica)}
 		v, err := scriptApplyF.Run(ctx, s.c, keys, args...).Int64Slice()
 		if err != nil {
@@ -62,6 +67,9 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 		}
 		if len(v) < 4 {
 			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+		}
+		if v[0] == fencedReply {
+			return kvroute.ApplyResult{}, fmt.Errorf("store: apply %s: %w", replica, kvroute.ErrFenced)
 		}
 		if v[0] >= 0 {
 			s.countApplied(ctx, v)
@@ -77,7 +85,8 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 	// that the script reads them without string.sub and passes each run to
 	// HMGET whole.
 	n := len(ops)
-	args := make([]any, 5+3*n)
+	args := make([]any, 6+3*n)
+	args[5+3*n] = writer
 	args[0] = replica
 	args[1], args[2] = strconv.FormatInt(last, 10), strconv.FormatInt(ms(s.now()), 10)
 	args[3] = strconv.FormatInt(first, 10)
@@ -115,6 +124,9 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica string, first, last
 	}
 	if len(v) != 4 && len(v) != 5 && len(v) != 7 {
 		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
+	}
+	if v[0] == fencedReply {
+		return kvroute.ApplyResult{}, fmt.Errorf("store: apply %s: %w", replica, kvroute.ErrFenced)
 	}
 	if len(v) >= 5 && v[4] >= 0 {
 		s.slots.Store(ck, int(v[4]))

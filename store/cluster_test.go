@@ -67,7 +67,7 @@ func exercise(t *testing.T, s *store.Store, clk *clock, model string) {
 	_, err = s.Apply(ctx, model, "a", 2, []kvroute.IndexOp{remove1(keys[5], kvroute.TierGPU)})
 	must("remove", err)
 	run := append(storeChain(keys, 0, 12, kvroute.TierGPU), storeChain(keys, 12, 24, kvroute.TierHost)...)
-	_, err = s.ApplyRun(ctx, model, "b", 1, 2, run)
+	_, err = s.ApplyRun(ctx, model, "b", "", 1, 2, run)
 	must("apply run b", err)
 	must("record approx", s.RecordApprox(ctx, model, "c", keys[:8]))
 	ov, _, err := s.Lookup(ctx, model, keys, []string{"a", "b", "c"})
@@ -135,7 +135,7 @@ func exercise(t *testing.T, s *store.Store, clk *clock, model string) {
 	if n, err := s.SweepApprox(ctx, model); err != nil || n != 8 {
 		t.Errorf("%s sweep approx = %d, %v; want 8", model, n, err)
 	}
-	must("reset", s.ResetReplica(ctx, model, "a"))
+	must("reset", s.ResetReplica(ctx, model, "a", ""))
 	if _, ok, err := s.AppliedSeq(ctx, model, "a"); err != nil || ok {
 		t.Errorf("%s applied seq after reset = %v, %v; want none", model, ok, err)
 	}

@@ -225,7 +225,7 @@ func TestApplyRun(t *testing.T) {
 				want.Stored, want.Removed, want.Unknown = want.Stored+r.Stored, want.Removed+r.Removed, want.Unknown+r.Unknown
 				ops = append(ops, b...)
 			}
-			got, err := e.s.ApplyRun(ctx, runs, "r0", first, seq, ops)
+			got, err := e.s.ApplyRun(ctx, runs, "r0", "", first, seq, ops)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +253,7 @@ func TestApplyRun(t *testing.T) {
 			{seq - 2, seq + 1, []kvroute.IndexOp{remove1(a[0], gpu)}},
 			{seq - 3, seq - 1, storeChain(chain(rng, 2), 0, 2, gpu)},
 		} {
-			got, err := e.s.ApplyRun(ctx, runs, "r0", run.first, run.last, run.ops)
+			got, err := e.s.ApplyRun(ctx, runs, "r0", "", run.first, run.last, run.ops)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -280,7 +280,7 @@ func TestApplyRun(t *testing.T) {
 				}
 			}
 		}
-		if _, err := e.s.ApplyRun(ctx, runs, "r0", seq+2, seq+1, nil); !errors.Is(err, kvroute.ErrInvalidInput) {
+		if _, err := e.s.ApplyRun(ctx, runs, "r0", "", seq+2, seq+1, nil); !errors.Is(err, kvroute.ErrInvalidInput) {
 			t.Errorf("run of seqs %d to %d: err %v, want ErrInvalidInput", seq+2, seq+1, err)
 		}
 	})

@@ -191,7 +191,7 @@ func TestApplyNoPrior(t *testing.T) {
 				}
 			}, seq: 8, ops: []kvroute.IndexOp{remove1(k[7], gpu)}, want: true, from: 8},
 			{name: "after a reset", before: func(t *testing.T) {
-				if err := e.s.ResetReplica(ctx, mdl, "a"); err != nil {
+				if err := e.s.ResetReplica(ctx, mdl, "a", ""); err != nil {
 					t.Fatal(err)
 				}
 				if _, ok, err := e.s.HistoryStart(ctx, mdl, "a"); err != nil || ok {
@@ -237,7 +237,7 @@ func TestResetAndPurge(t *testing.T) {
 		}
 
 		t.Run("reset", func(t *testing.T) {
-			if err := e.s.ResetReplica(ctx, mdl, "a"); err != nil {
+			if err := e.s.ResetReplica(ctx, mdl, "a", ""); err != nil {
 				t.Fatal(err)
 			}
 			if _, ok, err := e.s.AppliedSeq(ctx, mdl, "a"); err != nil || ok {

@@ -46,11 +46,34 @@ func (s *Store) metaInt(ctx context.Context, model, replica, field, op string) (
 
 // ResetReplica forgets every event-fed entry of the replica and its applied
 // seq, for an engine that restarted (its seq starts over) or a stream the
-// ingestor must rebuild. Approximate entries and load are kept.
-func (s *Store) ResetReplica(ctx context.Context, model, replica string) error {
+// ingestor must rebuild. Approximate entries and load are kept, and so is
+// the replica's writer. A writer other than the one the store holds for the
+// replica (see ClaimReplica) is refused with kvroute.ErrFenced, nothing
+// changed; an empty writer is not fenced.
+func (s *Store) ResetReplica(ctx context.Context, model, replica, writer string) error {
 	s.slots.Delete(model + "\x00" + replica)
-	err := scriptReset.Run(ctx, s.c, libKeys(model, metaKey(model, replica), e2rKey(model, replica)), replica).Err()
+	n, err := scriptReset.Run(ctx, s.c, libKeys(model, metaKey(model, replica), e2rKey(model, replica)), replica, writer).Int()
+	if err == nil && n == fencedReply {
+		return fmt.Errorf("store: reset replica %s: %w", replica, kvroute.ErrFenced)
+	}
 	return wrap("reset replica", err)
+}
+
+// fencedReply is what apply.lua, applyfast.lua and reset.lua answer a writer
+// that another holds the replica from (lua/fence.lua).
+const fencedReply = -2
+
+// ClaimReplica makes writer the one the store lets write the replica's
+// index (lua/fence.lua): from now on a write by any other is refused with
+// kvroute.ErrFenced. An ingestor claims a replica when it starts following
+// it under the replica's ownership lease, so that the former owner, which
+// may not have noticed yet, can neither reset nor extend the history the
+// new one continues.
+func (s *Store) ClaimReplica(ctx context.Context, model, replica, writer string) error {
+	if writer == "" {
+		return fmt.Errorf("store: claim replica: empty writer: %w", kvroute.ErrInvalidInput)
+	}
+	return wrap("claim replica", s.c.HSet(ctx, metaKey(model, replica), "w", writer).Err())
 }
 
 // EngineKeys maps the replica's engine block hashes to router keys; the

@@ -218,10 +218,10 @@ func luaSrc(names ...string) string {
 // The scripts are run by EVALSHA; go-redis falls back to EVAL (which caches
 // the script again) when a restarted or flushed server answers NOSCRIPT.
 var (
-	scriptApply       = redis.NewScript(luaSrc("lib", "predict", "apply"))
-	scriptApplyF      = redis.NewScript(luaSrc("predict", "applyfast"))
+	scriptApply       = redis.NewScript(luaSrc("lib", "predict", "fence", "apply"))
+	scriptApplyF      = redis.NewScript(luaSrc("predict", "fence", "applyfast"))
 	scriptSlot        = redis.NewScript(luaSrc("lib", "slot"))
-	scriptReset       = redis.NewScript(luaSrc("lib", "reset"))
+	scriptReset       = redis.NewScript(luaSrc("lib", "fence", "reset"))
 	scriptPurge       = redis.NewScript(luaSrc("lib", "purge"))
 	scriptLookup      = redis.NewScript(luaSrc("lookup"))
 	scriptApprox      = redis.NewScript(luaSrc("lib", "approx"))

@@ -323,11 +323,11 @@ func (l *appliedLog) add(replica string, seq int64) {
 
 func (k *killable) err() error { return fmt.Errorf("killed: %w", kvroute.ErrUnavailable) }
 
-func (k *killable) ApplyRun(ctx context.Context, m, r string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
+func (k *killable) ApplyRun(ctx context.Context, m, r, w string, first, last int64, ops []kvroute.IndexOp) (kvroute.ApplyResult, error) {
 	if k.dead.Load() {
 		return kvroute.ApplyResult{}, k.err()
 	}
-	res, err := k.Store.ApplyRun(ctx, m, r, first, last, ops)
+	res, err := k.Store.ApplyRun(ctx, m, r, w, first, last, ops)
 	if err == nil && res.Applied {
 		for seq := first; seq <= last; seq++ {
 			k.applied.add(r, seq)

@@ -5,11 +5,12 @@
 -- ARGV = replica, seq, now_ms, first seq, kinds (two bytes per op:
 --        kind S|R|C, tier 0 GPU | 1 host), then for the n ops: n engine
 --        hashes, n keys, n parent keys (8 big-endian bytes each; zero key: no
---        parent; empty where the kind has none).
+--        parent; empty where the kind has none), then the writer (see
+--        fence.lua, prepended; empty: unfenced).
 -- Returns {applied, stored, removed, unknown, R's slot or -1, predictions
 -- confirmed, predictions evicted} (Go caches the slot for applyfast.lua);
 -- applied is 0 (stale), 1, or 2 (applied, and R had no applied seq
--- before). A GPU store of a predicted chain's end confirms R's prediction
+-- before), or -2 (fenced: another writer holds R, nothing changed). A GPU store of a predicted chain's end confirms R's prediction
 -- (predict.lua, prepended), a GPU removal of any of its marks or a clear
 -- ends it. A batch whose seq (a run whose first seq) is not
 -- newer than the applied seq changes nothing, so redelivery is harmless.
@@ -28,8 +29,10 @@ local first = tonumber(ARGV[4])
 local kinds = ARGV[5]
 local nops = #kinds / 2
 local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[EH0 + i], ...
-local m = redis.call('HMGET', meta, 'seq', 'n')
+local m = redis.call('HMGET', meta, 'seq', 'n', 'w')
+if fenced(m[3], ARGV[6 + 3 * nops]) then return {-2, 0, 0, 0} end
 if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
+claim(meta, m[3], ARGV[6 + 3 * nops])
 -- Applied is 1 over an applied seq, 2 when the replica had none: its first
 -- run, or the store lost or cleared its entries (see ApplyResult.NoPrior).
 -- Such a run starts the replica's history in the store: its first seq is

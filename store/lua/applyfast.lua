@@ -3,7 +3,7 @@
 -- assumed (see Store.Apply), without lib.lua: it only verifies and writes.
 -- KEYS = P..'r:'..R..':meta', P..'load', P..'blk', P..'r:'..R..':e2r'
 -- ARGV = replica, seq, now_ms, assumed slot, n, first seq, blocks,
---        engine hashes. The ops may be those of consecutive batches first
+--        engine hashes, writer (see fence.lua, prepended). The ops may be those of consecutive batches first
 --        seq..seq (see Store.ApplyRun). blocks packs n records block key (8)
 --        | entry length (2, big-endian) | finished P..'blk' entry; engine
 --        hashes packs n records e2r field (the engine hash's first 6 bytes,
@@ -15,10 +15,11 @@
 -- (the applied seq is first seq or newer), and {-1, 0, 0, 0, slot or -1}
 -- with nothing changed when the slot differs, a block already exists or an
 -- e2r field is taken: Go then applies the batch through apply.lua's general
--- path.
+-- path; {-2, 0, 0, 0} when another writer holds R (nothing changed).
 local meta, BLK, E2R = KEYS[1], KEYS[3], KEYS[4]
 local R = ARGV[1]
-local m = redis.call('HMGET', meta, 'seq', 'n')
+local m = redis.call('HMGET', meta, 'seq', 'n', 'w')
+if fenced(m[3], ARGV[9]) then return {-2, 0, 0, 0} end
 if m[1] and tonumber(m[1]) >= tonumber(ARGV[6]) then return {0, 0, 0, 0} end
 local applied = m[1] and 1 or 2 -- as in apply.lua
 local s = redis.call('HGET', KEYS[2], R .. '#i')
@@ -57,6 +58,7 @@ for i = 1, 2 * n, 4000 do
   redis.call('HSET', E2R, unpack(es, i, j))
 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', (tonumber(m[2]) or 0) + n)
+claim(meta, m[3], ARGV[9])
 if applied == 2 then redis.call('HSET', meta, 'from', ARGV[6]) end
 -- A store of a predicted chain's end confirms R's prediction (predict.lua,
 -- prepended).
