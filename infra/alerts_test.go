@@ -326,6 +326,10 @@ type metricInfo struct {
 var beyondGolden = map[string]metricInfo{
 	// api: needs a replica that misreports its cached tokens.
 	"kvroute_cache_phantom_total": {"counter", []string{"replica"}},
+	// api: need a replica that hangs before its headers, or fails
+	// after them.
+	"kvroute_proxy_header_timeouts_total": {"counter", []string{"replica"}},
+	"kvroute_proxy_stream_errors_total":   {"counter", []string{"replica", "sse"}},
 	// router admission: served once a request queues or is shed.
 	"kvroute_queue_depth":        {"gauge", []string{"model"}},
 	"kvroute_queue_wait_seconds": {"histogram", []string{"model", "outcome", "priority", "tenant"}},
