@@ -211,6 +211,12 @@ func (s *fakeStore) RegistryVersion(context.Context) (int64, error) {
 	return s.version, nil
 }
 
+// ModelEpoch changes with the store's epoch, as on one Redis.
+func (s *fakeStore) ModelEpoch(ctx context.Context, model string) (string, error) {
+	ep, err := s.Epoch(ctx)
+	return model + "/" + ep, err
+}
+
 func (s *fakeStore) Epoch(context.Context) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -43,6 +43,10 @@ type Store interface {
 	// buffer at once, rather than at its stream's next batch, which a
 	// quiet replica may not send for minutes.
 	Epoch(ctx context.Context) (string, error)
+	// ModelEpoch is the epoch of one model's keys, which under Redis
+	// Cluster live on a shard that can lose its data alone: its
+	// followers then rebuild at once, as after a change of Epoch.
+	ModelEpoch(ctx context.Context, model string) (string, error)
 	// Acquire takes or renews the ownership lease name for owner, true
 	// while owner holds it: replicas are shared out between ingestors
 	// this way, one follower each.
@@ -177,6 +181,8 @@ type Ingestor struct {
 	version  int64
 	read     bool   // the registry was read at least once
 	epoch    string // the store's epoch as last read, empty before
+	// modelEpochs are the followed models' epochs as last read.
+	modelEpochs map[string]string
 	// graceUntil is resetGrace after the store was last found to have lost
 	// its data; kept holds the replicas followed on meanwhile that the
 	// registry does not list; settled says every followed replica was

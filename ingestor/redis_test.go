@@ -11,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/redistest"
+	"github.com/kvroute/kvroute/internal/wait"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
 )
@@ -141,3 +142,73 @@ func TestIngestorStoreLost(t *testing.T) {
 	}
 	eventually(t, "the quiet replica rebuilt and followed again", func() bool { return gpu() == 4 && followed() })
 }
+
+// TestIngestorModelLost: under Redis Cluster one shard can lose its data
+// alone, the model's index with it, while the global epoch's shard keeps
+// its own. A quiet replica sends no batch that would find the loss: the
+// model's own epoch (Store.ModelEpoch) changed, and the ingestor rebuilds
+// its replicas at the next registry poll, with no event and no registry
+// change. Before, nothing noticed until the replica's next batch.
+func TestIngestorModelLost(t *testing.T) {
+	ctx := t.Context()
+	url := redistest.Server(t)
+	st, err := store.Open(ctx, url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Stop()
+	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
+	if err := st.PutReplica(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	startOwner(t, st, "ing-1")
+	if err := rep.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := ints(0, 4*rep.BlockSize())
+	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, rep.BlockSize(), u32s(p), nil)
+	gpu := func() int {
+		ov, _, err := st.Lookup(ctx, "m", keys, []string{"r1"})
+		if err != nil {
+			return -1
+		}
+		return ov[0].GPU
+	}
+	rep.Admit(p, "")
+	eventually(t, "prompt indexed", func() bool { return gpu() == 4 })
+	eventually(t, "the model's epoch written", func() bool {
+		n, err := rawClient(t, url).Exists(ctx, "kvr:{m:m}:epoch").Result()
+		return err == nil && n == 1
+	})
+
+	rc := rawClient(t, url)
+	lost, err := rc.Keys(ctx, "kvr:{m:m}:*").Result() // the model's shard, wiped
+	if err != nil || len(lost) == 0 {
+		t.Fatalf("the model's keys: %v, %v", lost, err)
+	}
+	if err := rc.Del(ctx, lost...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if gpu() != 0 {
+		t.Fatal("the index survived the model's loss")
+	}
+	bounded := boundedTB{TB: t, deadline: time.Now().Add(20 * time.Second)}
+	wait.Until(bounded, "the quiet replica rebuilt", func() bool { return gpu() == 4 })
+}
+
+// boundedTB is a test with a nearer deadline, which bounds wait's waits: a
+// rebuild that never comes fails in seconds, not at the test's timeout.
+type boundedTB struct {
+	testing.TB
+	deadline time.Time
+}
+
+func (b boundedTB) Deadline() (time.Time, bool) { return b.deadline, true }

@@ -57,9 +57,55 @@ func (in *Ingestor) rebuilding() bool {
 // re-read when it moved, and every replica this ingestor has caught up on
 // but the registry says nobody follows marked followed again.
 func (in *Ingestor) poll(ctx context.Context) {
-	in.checkEpoch(ctx)
+	// After a change of the global epoch every follower rebuilds: the
+	// models' epochs changed with it and are only noted.
+	in.checkModelEpochs(ctx, !in.checkEpoch(ctx))
 	in.syncRegistry(ctx)
 	in.markFollowed(ctx)
+}
+
+// checkModelEpochs reads the epoch of every model this ingestor follows
+// replicas of and, when rebuild is set, rebuilds the followers of each
+// model whose epoch changed: its shard lost its data alone (see
+// Store.ModelEpoch). A model read for the first time, or one that could
+// not be read, rebuilds nothing.
+func (in *Ingestor) checkModelEpochs(ctx context.Context, rebuild bool) {
+	in.mu.Lock()
+	byModel := map[string][]*worker{}
+	for _, o := range in.owned {
+		if o.w != nil {
+			byModel[o.rep.Model] = append(byModel[o.rep.Model], o.w)
+		}
+	}
+	in.mu.Unlock()
+	seen := make(map[string]string, len(byModel))
+	for m, ws := range byModel {
+		ep, err := in.st.ModelEpoch(ctx, m)
+		if err != nil {
+			if ctx.Err() == nil {
+				in.log.Debug("model epoch", "model", m, "err", err)
+			}
+			continue
+		}
+		seen[m] = ep
+		in.mu.Lock()
+		prev := in.modelEpochs[m]
+		in.mu.Unlock()
+		if rebuild && prev != "" && prev != ep {
+			in.log.Warn("the state store lost the model's data (its epoch changed): rebuilding its followed replicas from their replay buffers", "model", m, "replicas", len(ws))
+			for _, w := range ws {
+				w.storeReset()
+			}
+		}
+	}
+	in.mu.Lock()
+	for m, ep := range seen {
+		if in.modelEpochs == nil {
+			in.modelEpochs = map[string]string{}
+		}
+		in.modelEpochs[m] = ep
+	}
+	in.mu.Unlock()
 }
 
 // checkEpoch reads the store's epoch and, when it changed, handles the

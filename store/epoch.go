@@ -6,25 +6,52 @@ import (
 	"encoding/hex"
 )
 
-// keyEpoch holds the store's epoch. It is a global key, read about once a
-// second by each scoring pod: one GET, never part of a script.
-const keyEpoch = "kvr:epoch"
-
 // Epoch returns the store's epoch, a random id written by the first
 // kvroute process that meets the store. A Redis that lost its data (a
 // restart without persistence, a failover to an empty replica, FLUSHALL)
 // has none, and the next process to ask writes a new one: every process
 // that knew the old one learns that the registry, the index and the loads
 // are gone, rather than taking an empty registry for the truth.
+//
+// It is a field of the registry's own hash (kvr:replicas), read about once
+// a second by each scoring pod and each ingestor, so that under Redis
+// Cluster the epoch is lost exactly when the registry is: a shard that
+// came back empty with the registry on it is re-seeded by the pods. (A
+// key of its own, on another shard, once let the registry's shard lose
+// the registry unnoticed, and the fleet's replicas were gone for good.)
+// A model's keys live on their own shard, with their own epoch
+// (ModelEpoch).
 func (s *Store) Epoch(ctx context.Context) (string, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	if err := s.c.SetNX(ctx, keyEpoch, hex.EncodeToString(b[:]), 0).Err(); err != nil {
+	if err := s.c.HSetNX(ctx, keyReplicas, fieldEpoch, hex.EncodeToString(b[:])).Err(); err != nil {
 		return "", wrap("epoch", err)
 	}
-	v, err := s.c.Get(ctx, keyEpoch).Result()
+	v, err := s.c.HGet(ctx, keyReplicas, fieldEpoch).Result()
 	if err != nil {
 		return "", wrap("epoch", err)
+	}
+	return v, nil
+}
+
+// ModelEpoch is Epoch for one model's slot: a random id kept in the
+// model's own keys. Under Redis Cluster a shard can lose its data alone
+// (it restarted empty before its replica was promoted) while the shard of
+// the global epoch keeps its own: the model's index is gone and nothing
+// else says so. An ingestor that follows the model's replicas compares
+// this one too and rebuilds them at once, rather than at their next
+// batch, which a quiet replica may not send for minutes. On one Redis it
+// changes with the global epoch.
+func (s *Store) ModelEpoch(ctx context.Context, model string) (string, error) {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	key := prefix(model) + "epoch"
+	if err := s.c.SetNX(ctx, key, hex.EncodeToString(b[:]), 0).Err(); err != nil {
+		return "", wrap("model epoch", err)
+	}
+	v, err := s.c.Get(ctx, key).Result()
+	if err != nil {
+		return "", wrap("model epoch", err)
 	}
 	return v, nil
 }

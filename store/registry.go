@@ -51,7 +51,7 @@ func (s *Store) PutReplica(ctx context.Context, r kvroute.Replica) error {
 // GetReplica returns the replica registered under id, or an error wrapping
 // kvroute.ErrNotFound.
 func (s *Store) GetReplica(ctx context.Context, id string) (kvroute.Replica, error) {
-	if id == fieldRegVer {
+	if reservedField(id) {
 		return kvroute.Replica{}, fmt.Errorf("store: get replica %q: %w", id, kvroute.ErrNotFound)
 	}
 	b, err := s.c.HGet(ctx, keyReplicas, id).Bytes()
@@ -114,7 +114,7 @@ func (s *Store) ListReplicas(ctx context.Context) ([]kvroute.Replica, error) {
 	}
 	out := make([]kvroute.Replica, 0, len(m))
 	for id, b := range m {
-		if id == fieldRegVer {
+		if reservedField(id) {
 			continue
 		}
 		var r kvroute.Replica
@@ -187,7 +187,7 @@ func (s *Store) updateReplica(ctx context.Context, op, id string, edit func(*kvr
 	for range 16 {
 		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
 			b, err := tx.HGet(ctx, keyReplicas, id).Bytes()
-			if err == redis.Nil || id == fieldRegVer {
+			if err == redis.Nil || reservedField(id) {
 				return fmt.Errorf("replica %q: %w", id, kvroute.ErrNotFound)
 			} else if err != nil {
 				return err
@@ -251,7 +251,7 @@ func (s *Store) ReleaseOwnership(ctx context.Context, name, owner string) error 
 // replica that moved to another model has its old model's state purged,
 // as PutReplica does.
 func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute.Replica, found bool) (bool, error)) error {
-	if id == fieldRegVer || id == "" {
+	if reservedField(id) || id == "" {
 		return fmt.Errorf("store: edit replica %q: %w", id, kvroute.ErrInvalidInput)
 	}
 	for range 16 {
@@ -319,7 +319,7 @@ func (s *Store) EditReplica(ctx context.Context, id string, edit func(r *kvroute
 // operator or another source wrote meanwhile. It reports whether it
 // deleted; a replica that is not there is not an error.
 func (s *Store) DeleteReplicaIf(ctx context.Context, id string, del func(kvroute.Replica) bool) (bool, error) {
-	if id == fieldRegVer || id == "" {
+	if reservedField(id) || id == "" {
 		return false, fmt.Errorf("store: delete replica %q: %w", id, kvroute.ErrInvalidInput)
 	}
 	for range 16 {

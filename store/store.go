@@ -238,6 +238,10 @@ var (
 	scriptDisown      = redis.NewScript(luaSrc("disown"))
 )
 
+// reservedField reports whether a registry field is not a replica: ids
+// cannot hold '#'.
+func reservedField(id string) bool { return id == fieldRegVer || id == fieldEpoch }
+
 // Key names. prefix carries the model's hash tag; every per-model key
 // starts with it.
 // The two global keys are each touched by single-key commands only (the
@@ -246,6 +250,7 @@ var (
 const (
 	keyReplicas = "kvr:replicas"
 	fieldRegVer = "#v" // registry version, a field no replica id can take
+	fieldEpoch  = "#e" // the store's epoch (epoch.go), another
 )
 
 func prefix(model string) string     { return "kvr:{m:" + model + "}:" }

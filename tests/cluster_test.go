@@ -65,7 +65,7 @@ func TestClusterRegistryPrimaryRestart(t *testing.T) {
 // are routed cache-aware again, not only the ones after it.
 func TestClusterPrimaryLostData(t *testing.T) {
 	c := redistest.Cluster(t, 3)
-	global := map[int]bool{c.Primary(t, "kvr:replicas"): true, c.Primary(t, "kvr:epoch"): true}
+	global := map[int]bool{c.Primary(t, "kvr:replicas"): true, c.Primary(t, "kvr:replicas"): true}
 	mdl, id := "", ""
 	for i := 0; mdl == "" && i < 256; i++ {
 		m := "lost-model-" + strconv.Itoa(i)
