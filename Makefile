@@ -24,9 +24,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzHandlers -fuzztime 30s ./api
 
 ## soak: the bounded chaos soak (issue 23) over real processes; set
-## KVROUTE_SOAK_SEED (default 1) and KVROUTE_SOAK_DURATION (default 60s)
+## KVROUTE_SOAK_SEED (default 1), KVROUTE_SOAK_DURATION (default 60s),
+## KVROUTE_SOAK_REDIS (single, the default, or cluster: a Redis Cluster
+## with a replica per primary) and KVROUTE_SOAK_FAULTS (a comma list)
 soak:
-	KVROUTE_SOAK=1 $(GO) test -run '^TestSoak$$' -count 1 -timeout 10m -v ./tests
+	KVROUTE_SOAK=1 $(GO) test -run '^TestSoak$$' -count 1 -timeout 40m -v ./tests
 
 build:
 	$(GO) build -o bin/kvroute ./cmd/kvroute

@@ -60,5 +60,19 @@ if grep -q 'func FuzzDecodeRouteRequest' api/*_test.go 2>/dev/null; then
   if [ "$dstatus" -ne 0 ]; then failed=$((failed + 1)); fi
 fi
 
+# The chaos soak's short form (make soak runs it for longer, and on a
+# Redis Cluster with KVROUTE_SOAK_REDIS=cluster): real processes, a seeded
+# fault schedule, and the invariants checked at the end.
+echo "== chaos soak (short: KVROUTE_SOAK_DURATION=${SOAK_DURATION:-20s})"
+sstatus=0
+slog=$(mktemp)
+KVROUTE_SOAK=1 KVROUTE_SOAK_DURATION="${SOAK_DURATION:-20s}" go test -run '^TestSoak$' -count=1 -timeout 5m -v ./tests >"$slog" 2>&1 || sstatus=$?
+grep -E '^(ok|FAIL|---[[:space:]](PASS|FAIL)|panic:)|soak_test.go:[0-9]+: (seed|admission|blocks|index|phantom)' "$slog" | sed -e 's/^[[:space:]]*//' || true
+if [ "$sstatus" -ne 0 ]; then
+  failed=$((failed + 1))
+  echo "== soak failures (full log: $slog)"
+  awk -f scripts/failures.awk "$slog" | head -100
+fi
+
 echo "tests: $passed passed, $failed failed, $skipped skipped"
-[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ] && [ "$hstatus" -eq 0 ] && [ "$dstatus" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$rstatus" -eq 0 ] && [ "$fstatus" -eq 0 ] && [ "$hstatus" -eq 0 ] && [ "$dstatus" -eq 0 ] && [ "$sstatus" -eq 0 ]

@@ -92,7 +92,7 @@ type admState struct {
 	depth, leases, booked int64
 }
 
-func readAdmState(t *testing.T, rc *redis.Client, model string) admState {
+func readAdmState(t *testing.T, rc redis.Cmdable, model string) admState {
 	t.Helper()
 	ctx := context.Background()
 	pre := "kvr:{m:" + model + "}:"

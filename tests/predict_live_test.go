@@ -47,7 +47,7 @@ const (
 // of one model, registered with their events and replay endpoints.
 type liveFleet struct {
 	model  string
-	rc     *redis.Client
+	rc     redis.UniversalClient
 	pods   []*loadPod
 	reps   []string // ids
 	client *http.Client

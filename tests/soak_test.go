@@ -14,11 +14,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kvroute/kvroute/internal/wait"
 )
@@ -44,10 +41,11 @@ const (
 // available.
 var soakStatuses = []int{http.StatusOK, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable}
 
-// soakFleet is the deployment under chaos: one controlled redis-server,
-// two ingestors, three pods, soakReplicas sim-replicas.
+// soakFleet is the deployment under chaos: a controlled Redis (one
+// redis-server, or a Cluster with replicas), two ingestors, three pods,
+// soakReplicas sim-replicas.
 type soakFleet struct {
-	redis   *redisProc
+	redis   soakRedis
 	ingests []*soakProc
 	pods    []*soakProc
 	podURL  []string
@@ -66,6 +64,10 @@ type soakFleet struct {
 	bad     []string
 	faults  map[string]int
 	kinds   []string // the faults the schedule draws from
+	// nth counts the faults injected; lostAt is nth at the last one that
+	// emptied a Redis, and podStart each pod's nth at its last start.
+	nth, lostAt atomic.Int64
+	podStart    []atomic.Int64
 }
 
 // TestSoak is a bounded chaos soak (issue 23): clients send decisions,
@@ -96,7 +98,7 @@ func TestSoak(t *testing.T) {
 		dur = d
 	}
 	f := startSoakFleet(t)
-	f.kinds = soakFaultKinds
+	f.kinds = append(slices.Clone(soakFaultKinds), f.redis.kinds()...)
 	if s := os.Getenv("KVROUTE_SOAK_FAULTS"); s != "" {
 		f.kinds = strings.Split(s, ",")
 	}
@@ -118,6 +120,51 @@ func TestSoak(t *testing.T) {
 	converged := f.waitConverged(t)
 	t.Logf("index agreed with every replica %v after that (%v after the last fault)",
 		converged.Sub(drained).Round(time.Millisecond), converged.Sub(lastFault).Round(time.Millisecond))
+	believed, served := f.cachedTokens(t)
+	var b, s, phantom float64
+	for r, v := range believed {
+		b, s, phantom = b+v, s+served[r], phantom+max(0, v-served[r])
+	}
+	if b > 0 {
+		t.Logf("phantom hits: the index believed %.0f cached prompt tokens, the replicas served %.0f; believed beyond served, replica by replica: %.0f (%.1f%%; the pods' counters since their last start)",
+			b, s, phantom, 100*phantom/b)
+	}
+}
+
+// cachedTokens sums, over the pods, per replica, the cached prompt tokens
+// the index believed the chosen replica held and those the replicas
+// reported serving from their cache, for proxied responses: believed
+// beyond served is the phantom hits. A pod killed by the schedule counts
+// from its restart.
+func (f *soakFleet) cachedTokens(t *testing.T) (believed, served map[string]float64) {
+	t.Helper()
+	believed, served = map[string]float64{}, map[string]float64{}
+	for _, u := range f.podURL {
+		resp, err := http.Get(u + "/metrics")
+		if err != nil {
+			t.Errorf("%s/metrics: %v", u, err)
+			continue
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(raw), "\n") {
+			name, val, ok := strings.Cut(line, " ")
+			if !ok {
+				continue
+			}
+			v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			_, rep, _ := strings.Cut(name, `replica="`)
+			rep, _, _ = strings.Cut(rep, `"`)
+			switch {
+			case err != nil:
+			case strings.HasPrefix(name, "kvroute_cached_tokens_believed_total"):
+				believed[rep] += v
+			case strings.HasPrefix(name, "kvroute_cached_tokens_served_total"):
+				served[rep] += v
+			}
+		}
+	}
+	return believed, served
 }
 
 // soakBoundedTB is t with a nearer deadline, which bounds wait's waits.
@@ -133,16 +180,16 @@ func (b soakBoundedTB) Deadline() (time.Time, bool) { return b.deadline, true }
 func startSoakFleet(t *testing.T) *soakFleet {
 	t.Helper()
 	bin := kvrouteBinary(t)
-	f := &soakFleet{redis: startRedisProc(t), outcome: map[string]int{}, faults: map[string]int{}}
-	url := f.redis.url()
+	f := &soakFleet{redis: startSoakRedis(t), outcome: map[string]int{}, faults: map[string]int{}, podStart: make([]atomic.Int64, 3)}
+	rf := f.redis.flags()
 	for i := range 2 {
 		f.ingests = append(f.ingests, startSoakProc(t, bin, fmt.Sprintf("ingest%d", i),
-			"ingest", "--redis-url", url, "--metrics-listen", soakAddr(t)))
+			append([]string{"ingest", "--metrics-listen", soakAddr(t)}, rf...)...))
 	}
 	for i := range 3 {
 		addr := soakAddr(t)
 		f.pods = append(f.pods, startSoakProc(t, bin, fmt.Sprintf("pod%d", i),
-			"serve", "--listen", addr, "--redis-url", url, "--pod-name", fmt.Sprintf("pod%d", i)))
+			append([]string{"serve", "--listen", addr, "--pod-name", fmt.Sprintf("pod%d", i)}, rf...)...))
 		f.podURL = append(f.podURL, "http://"+addr)
 		wait.UntilNil(t, addr+" ready", func() error { return getOK("http://" + addr + "/readyz") })
 	}
@@ -159,8 +206,7 @@ func startSoakFleet(t *testing.T) *soakFleet {
 		f.regs = append(f.regs, fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, soakModel, "http://"+px.addr(), events, replay))
 		f.register(t, i)
 	}
-	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(f.redis.port)})
-	t.Cleanup(func() { rc.Close() })
+	rc := f.redis.client(t)
 	pods := make([]*loadPod, len(f.podURL))
 	for i, u := range f.podURL {
 		pods[i] = &loadPod{base: u}
@@ -189,7 +235,11 @@ func (f *soakFleet) chaos(t *testing.T, r *rand.Rand, dur time.Duration) time.Ti
 	for time.Now().Before(end) {
 		n := f.ended.Load()
 		wait.Until(t, "requests ending between faults", func() bool { return f.ended.Load() >= n+soakBetween })
+		f.nth.Add(1)
 		kind := f.fault(t, r)
+		if strings.Contains(kind, "restart-empty") {
+			f.lostAt.Store(f.nth.Load())
+		}
 		f.mu.Lock()
 		f.faults[kind]++
 		f.mu.Unlock()
@@ -199,25 +249,22 @@ func (f *soakFleet) chaos(t *testing.T, r *rand.Rand, dur time.Duration) time.Ti
 	return last
 }
 
-// soakFaultKinds is every fault the schedule draws from;
-// KVROUTE_SOAK_FAULTS (a comma list) narrows it.
-var soakFaultKinds = []string{"redis-sigstop", "redis-restart-empty", "ingest-sigkill", "pod-sigkill", "link-fault", "sim-restart"}
+// soakFaultKinds is every fault the schedule draws from, with the
+// Redis's own (soakRedis.kinds); KVROUTE_SOAK_FAULTS (a comma list)
+// narrows it.
+var soakFaultKinds = []string{"ingest-sigkill", "pod-sigkill", "link-fault", "sim-restart"}
 
 // fault injects one fault drawn from r among f.kinds and waits for its
 // recovery; it returns the fault's name.
 func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 	t.Helper()
-	switch k := f.kinds[r.IntN(len(f.kinds))]; k {
-	case "redis-sigstop":
-		hold := f.holdFor(r)
-		f.redis.kill(syscall.SIGSTOP)
-		f.hold(t, "redis frozen", hold)
-		f.redis.kill(syscall.SIGCONT)
+	k := f.kinds[r.IntN(len(f.kinds))]
+	if slices.Contains(f.redis.kinds(), k) {
+		n := f.holdFor(r)
+		f.redis.inject(t, r, k, func(what string) { f.hold(t, what, n) })
 		return k
-	case "redis-restart-empty":
-		f.redis.kill(syscall.SIGKILL)
-		f.redis.start()
-		return k
+	}
+	switch k {
 	case "ingest-sigkill":
 		i := r.IntN(len(f.ingests))
 		f.ingests[i].kill9()
@@ -227,6 +274,7 @@ func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 	case "pod-sigkill":
 		i := r.IntN(len(f.pods))
 		f.pods[i].kill9()
+		f.podStart[i].Store(f.nth.Load())
 		f.pods[i].restart(f.podURL[i] + "/readyz")
 		return k
 	case "link-fault":
@@ -238,7 +286,7 @@ func (f *soakFleet) fault(t *testing.T, r *rand.Rand) string {
 		f.sims[i].restart(f.simURL[i] + "/health")
 		return k
 	}
-	t.Fatalf("KVROUTE_SOAK_FAULTS: unknown fault in %v, want some of %v", f.kinds, soakFaultKinds)
+	t.Fatalf("KVROUTE_SOAK_FAULTS: unknown fault in %v, want some of %v", f.kinds, append(slices.Clone(soakFaultKinds), f.redis.kinds()...))
 	return ""
 }
 
@@ -275,7 +323,10 @@ func (f *soakFleet) linkFault(t *testing.T, r *rand.Rand) string {
 
 // waitConverged waits until, for every replica, the blocks the index
 // holds (GET /v1/replicas/{id}) equal the blocks its cache holds (GET
-// /debug/blocks on the sim-replica), and returns when.
+// /debug/blocks on the sim-replica), and the index has applied the
+// replica's last event batch, no more and no fewer (a batch skipped, or
+// a history the index kept from before a restart, would differ), and
+// returns when.
 func (f *soakFleet) waitConverged(t *testing.T) time.Time {
 	t.Helper()
 	var agreed []string
@@ -284,8 +335,13 @@ func (f *soakFleet) waitConverged(t *testing.T) time.Time {
 		var diff []string
 		agreed = agreed[:0]
 		for i, id := range f.ids {
-			var idx, sim struct {
-				Blocks int `json:"blocks"`
+			var idx struct {
+				Blocks int    `json:"blocks"`
+				Seq    *int64 `json:"applied_seq"`
+			}
+			var sim struct {
+				Blocks int   `json:"blocks"`
+				Next   int64 `json:"next_seq"`
 			}
 			if err := getJSON(f.podURL[0]+"/v1/replicas/"+id, &idx); err != nil {
 				return err
@@ -293,9 +349,13 @@ func (f *soakFleet) waitConverged(t *testing.T) time.Time {
 			if err := getJSON(f.simURL[i]+"/debug/blocks", &sim); err != nil {
 				return err
 			}
-			agreed = append(agreed, fmt.Sprintf("%s %d", id, sim.Blocks))
-			if idx.Blocks != sim.Blocks {
-				diff = append(diff, fmt.Sprintf("%s: index %d blocks, replica %d", id, idx.Blocks, sim.Blocks))
+			applied := int64(-1)
+			if idx.Seq != nil {
+				applied = *idx.Seq
+			}
+			agreed = append(agreed, fmt.Sprintf("%s %d (seq %d)", id, sim.Blocks, applied))
+			if idx.Blocks != sim.Blocks || applied != sim.Next-1 {
+				diff = append(diff, fmt.Sprintf("%s: index %d blocks at seq %d, replica %d blocks, last seq %d", id, idx.Blocks, applied, sim.Blocks, sim.Next-1))
 			}
 		}
 		if len(diff) > 0 {
@@ -323,7 +383,7 @@ func (f *soakFleet) client(t *testing.T, r *rand.Rand, stop <-chan struct{}) {
 		status, err := f.send(hc, f.podURL[pod]+path, body, kind == "abandon")
 		took := time.Since(start)
 		podKilled := f.pods[pod].gen.Load() != gen || f.pods[pod].down.Load()
-		f.record(kind, status, err, took, podKilled, f.cuts.Load() != cuts)
+		f.record(kind, status, err, took, podKilled, f.cuts.Load() != cuts, f.unseeded(pod))
 	}
 }
 
@@ -390,15 +450,27 @@ func (f *soakFleet) send(hc *http.Client, url, body string, abandon bool) (int, 
 	return resp.StatusCode, nil
 }
 
+// unseeded reports whether pod was started within two faults of the last
+// one that emptied a Redis: it then may have met the registry empty before
+// any pod that had a copy re-seeded it, and has no copy of its own: a
+// model missing from it is not found (404), which is what it can know.
+func (f *soakFleet) unseeded(pod int) bool {
+	lost, started := f.lostAt.Load(), f.podStart[pod].Load()
+	return lost > 0 && started > 0 && started >= lost-2 && started <= lost+2
+}
+
 // record files one ended request; podKilled says its pod was killed
 // while it ran, which excuses a transport error; cut says a replica
 // fault happened while it ran, which excuses a 200 cut mid-body (its
-// status was sent before the replica failed).
-func (f *soakFleet) record(kind string, status int, err error, took time.Duration, podKilled, cut bool) {
+// status was sent before the replica failed); unseeded excuses a 404
+// from a pod started as a Redis lost the registry (see unseeded).
+func (f *soakFleet) record(kind string, status int, err error, took time.Duration, podKilled, cut, unseeded bool) {
 	f.ended.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
+	case err == nil && status == http.StatusNotFound && unseeded:
+		f.outcome["404 from a pod started as the registry was lost"]++
 	case err != nil && podKilled:
 		f.outcome["cut by pod kill"]++
 	case err != nil && cut && status == http.StatusOK:

@@ -113,8 +113,14 @@ func (r *Replica) serveHealth(w http.ResponseWriter, _ *http.Request) {
 // serveBlocks reports how many blocks the prefix cache holds, read-only,
 // so that a test over a sim-replica process (which has no Go handle on the
 // Replica) can compare the index with the truth.
+// serveBlocks reports what the cache holds and the seq the next event
+// batch will carry, read together: a test compares both with the index
+// (its block count and applied seq, which must be next_seq - 1).
 func (r *Replica) serveBlocks(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"blocks": r.CachedBlocks()})
+	r.mu.Lock()
+	blocks, next := r.cache.len(), int64(r.seq)
+	r.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"blocks": blocks, "next_seq": next})
 }
 
 func (r *Replica) serveModels(w http.ResponseWriter, _ *http.Request) {
