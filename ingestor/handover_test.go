@@ -1,7 +1,6 @@
 package ingestor_test
 
 import (
-	"context"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/ingestor"
 	"github.com/kvroute/kvroute/internal/redistest"
-	"github.com/kvroute/kvroute/internal/telemetry"
 	"github.com/kvroute/kvroute/store"
 	"github.com/kvroute/kvroute/vllmtest"
 )
@@ -30,24 +28,7 @@ import (
 // resyncs.
 func TestIngestorHandover(t *testing.T) {
 	ctx := t.Context()
-	url := redistest.Server(t)
-	st, err := store.Open(ctx, url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Stop()
-	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
-	if err := st.PutReplica(ctx, r); err != nil {
-		t.Fatal(err)
-	}
+	url, st, rep, r := simOnRedis(t)
 	a, regA := startOwner(t, st, "ing-a")
 	eventually(t, "ing-a follows r1", func() bool { return slices.Equal(a.Owned(), []string{"r1"}) })
 	b, regB := startOwner(t, st, "ing-b")
@@ -114,23 +95,11 @@ func TestIngestorHandover(t *testing.T) {
 // moves a replica, and returns it with its metrics.
 func startOwner(t *testing.T, st ingestor.Store, owner string) (*ingestor.Ingestor, *prometheus.Registry) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	mp, err := telemetry.NewMeterProvider(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := ingestor.New(ingestor.Config{
+	in, reg, _ := runIngestor(t, ingestor.Config{
 		Store: st, Owner: owner, LeaseTTL: time.Minute, RegistryInterval: 20 * time.Millisecond,
 		StallTimeout: 10 * time.Minute, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		Rand: rand.New(rand.NewPCG(1, 2)), MeterProvider: mp,
+		Rand: rand.New(rand.NewPCG(1, 2)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- in.Run(ctx) }()
-	t.Cleanup(func() { stopOnce(t, cancel, done) })
 	return in, reg
 }
 
@@ -145,4 +114,31 @@ func rawClient(t *testing.T, url string) *redis.Client {
 	c := redis.NewClient(opt)
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// simOnRedis starts a real redis-server and one simulated replica, r1 of
+// model m, registered with its events and replay sockets; both stop when
+// t ends.
+func simOnRedis(t *testing.T) (string, *store.Store, *vllmtest.Replica, kvroute.Replica) {
+	t.Helper()
+	ctx := t.Context()
+	url := redistest.Server(t)
+	st, err := store.Open(ctx, url, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rep.Stop() })
+	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
+	if err := st.PutReplica(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	return url, st, rep, r
 }

@@ -46,18 +46,26 @@ func u32s(xs []int) []uint32 {
 
 func startIngestor(t *testing.T, st ingestor.Store, bind string) (*ingestor.Ingestor, *prometheus.Registry, func()) {
 	t.Helper()
+	return runIngestor(t, ingestor.Config{
+		Store: st, Owner: "ing-1", LeaseTTL: 600 * time.Millisecond, RegistryInterval: 20 * time.Millisecond,
+		HealthInterval: 50 * time.Millisecond, MetricsInterval: 50 * time.Millisecond, SweepInterval: 50 * time.Millisecond,
+		PurgeGrace: 200 * time.Millisecond, StallTimeout: 2 * time.Second, ReplayTimeout: time.Second,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Bind: bind,
+		Rand: rand.New(rand.NewPCG(1, 2)),
+	})
+}
+
+// runIngestor runs an ingestor configured by c, its metrics in a registry
+// of their own, until the returned stop (or the test's end).
+func runIngestor(t *testing.T, c ingestor.Config) (*ingestor.Ingestor, *prometheus.Registry, func()) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	mp, err := telemetry.NewMeterProvider(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := ingestor.New(ingestor.Config{
-		Store: st, Owner: "ing-1", LeaseTTL: 600 * time.Millisecond, RegistryInterval: 20 * time.Millisecond,
-		HealthInterval: 50 * time.Millisecond, MetricsInterval: 50 * time.Millisecond, SweepInterval: 50 * time.Millisecond,
-		PurgeGrace: 200 * time.Millisecond, StallTimeout: 2 * time.Second, ReplayTimeout: time.Second,
-		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond, Bind: bind,
-		Rand: rand.New(rand.NewPCG(1, 2)), MeterProvider: mp,
-	})
+	c.MeterProvider = mp
+	in, err := ingestor.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +74,7 @@ func startIngestor(t *testing.T, st ingestor.Store, bind string) (*ingestor.Inge
 	go func() { done <- in.Run(ctx) }()
 	var once sync.Once
 	stop := func() { once.Do(func() { stopOnce(t, cancel, done) }) }
+	t.Cleanup(stop)
 	return in, reg, stop
 }
 

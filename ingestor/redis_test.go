@@ -82,24 +82,7 @@ func TestIngestorRedis(t *testing.T) {
 // silence timer would have redialled it.
 func TestIngestorStoreLost(t *testing.T) {
 	ctx := t.Context()
-	url := redistest.Server(t)
-	st, err := store.Open(ctx, url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Stop()
-	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
-	if err := st.PutReplica(ctx, r); err != nil {
-		t.Fatal(err)
-	}
+	url, st, rep, r := simOnRedis(t)
 	in, err := ingestor.New(ingestor.Config{Store: st, Owner: "ing-1", RegistryInterval: 50 * time.Millisecond,
 		StallTimeout: 10 * time.Minute, Rand: rand.New(rand.NewPCG(1, 2))})
 	if err != nil {
@@ -113,14 +96,7 @@ func TestIngestorStoreLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := ints(0, 4*rep.BlockSize())
-	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, rep.BlockSize(), u32s(p), nil)
-	gpu := func() int {
-		ov, _, err := st.Lookup(ctx, "m", keys, []string{"r1"})
-		if err != nil {
-			return -1
-		}
-		return ov[0].GPU
-	}
+	gpu := gpuHeld(t, st, rep.BlockSize(), p)
 	followed := func() bool {
 		got, err := st.GetReplica(ctx, "r1")
 		return err == nil && !got.FollowedSince.IsZero()
@@ -151,37 +127,13 @@ func TestIngestorStoreLost(t *testing.T) {
 // change. Before, nothing noticed until the replica's next batch.
 func TestIngestorModelLost(t *testing.T) {
 	ctx := t.Context()
-	url := redistest.Server(t)
-	st, err := store.Open(ctx, url, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	rep, err := vllmtest.New(vllmtest.Config{Model: "m"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer rep.Stop()
-	r := kvroute.Replica{ID: "r1", Model: "m", URL: rep.URL(), Events: rep.EventsEndpoint(), Replay: rep.ReplayEndpoint()}
-	if err := st.PutReplica(ctx, r); err != nil {
-		t.Fatal(err)
-	}
+	url, st, rep, _ := simOnRedis(t)
 	startOwner(t, st, "ing-1")
 	if err := rep.WaitSubscribed(ctx); err != nil {
 		t.Fatal(err)
 	}
 	p := ints(0, 4*rep.BlockSize())
-	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, rep.BlockSize(), u32s(p), nil)
-	gpu := func() int {
-		ov, _, err := st.Lookup(ctx, "m", keys, []string{"r1"})
-		if err != nil {
-			return -1
-		}
-		return ov[0].GPU
-	}
+	gpu := gpuHeld(t, st, rep.BlockSize(), p)
 	rep.Admit(p, "")
 	eventually(t, "prompt indexed", func() bool { return gpu() == 4 })
 	eventually(t, "the model's epoch written", func() bool {
@@ -212,3 +164,16 @@ type boundedTB struct {
 }
 
 func (b boundedTB) Deadline() (time.Time, bool) { return b.deadline, true }
+
+// gpuHeld returns a lookup of how many leading blocks of prompt p the
+// index says r1 of model m holds on GPU (-1 when the lookup fails).
+func gpuHeld(t *testing.T, st *store.Store, blockSize int, p []int) func() int {
+	keys := kvroute.BlockKeys(kvroute.KeySpace{Model: "m"}, blockSize, u32s(p), nil)
+	return func() int {
+		ov, _, err := st.Lookup(t.Context(), "m", keys, []string{"r1"})
+		if err != nil {
+			return -1
+		}
+		return ov[0].GPU
+	}
+}
