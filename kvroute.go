@@ -322,6 +322,12 @@ var (
 	// over, and only one may write it, or a reset of one would wipe what
 	// the other applied.
 	ErrFenced = errors.New("another writer holds the replica")
+	// ErrStoreBehind is a run whose first batch does not follow the
+	// replica's applied seq in the store, which is older: the store lost
+	// batches it had acknowledged (a Cluster failover to a replica that
+	// had not received them, an AOF that lost its last second). Nothing
+	// was applied; the follower must replay from the store's seq.
+	ErrStoreBehind = errors.New("the store lost applied batches")
 )
 
 // FieldError is bad input attributable to one request field; api turns it

@@ -18,8 +18,9 @@ import (
 // fakeStore is an in-memory ingestor.Store with the real store's semantics
 // where the ingestor depends on them: ApplyRun is a no-op for a run whose
 // first seq is not newer than the applied one, ResetReplica forgets entries
-// and seq, and both refuse a writer other than the replica's claimed one
-// (ErrFenced).
+// and seq, both refuse a writer other than the replica's claimed one
+// (ErrFenced), and ApplyRun refuses a run that does not follow the
+// applied seq (ErrStoreBehind).
 type fakeStore struct {
 	mu       sync.Mutex
 	seq      map[string]int64
@@ -103,6 +104,9 @@ func (s *fakeStore) ApplyRun(_ context.Context, model, replica, writer string, f
 	applied, had := s.seq[id]
 	if had && applied >= first {
 		return kvroute.ApplyResult{}, nil
+	}
+	if had && applied < first-1 {
+		return kvroute.ApplyResult{}, kvroute.ErrStoreBehind
 	}
 	if s.e2r[id] == nil {
 		s.e2r[id], s.held[id] = map[uint64]kvroute.BlockKey{}, map[kvroute.BlockKey]int{}

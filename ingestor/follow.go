@@ -135,6 +135,10 @@ type Follower struct {
 	// replica. Nothing is applied until Unfence: the caller finds out
 	// whether this ingestor still owns the replica.
 	fenced bool
+	// behind: the store refused a run because its applied seq is older
+	// than the run's predecessor (it lost acknowledged batches): refill
+	// replays from what it holds.
+	behind bool
 
 	// ops and run are reused from one store call to the next.
 	ops []kvroute.IndexOp
@@ -275,7 +279,7 @@ func (f *Follower) Handle(ctx context.Context, b kvevents.Batch) error {
 	if f.fenced {
 		return errFenced
 	}
-	return errors.Join(f.handle(ctx, b), f.relearn(ctx))
+	return errors.Join(f.handle(ctx, b), f.relearn(ctx), f.refill(ctx))
 }
 
 func (f *Follower) handle(ctx context.Context, b kvevents.Batch) error {
@@ -463,6 +467,36 @@ func (f *Follower) relearn(ctx context.Context) error {
 	return nil
 }
 
+// refill replays what the store lost of the replica's history after a run
+// was refused as behind (nothing to do otherwise): the store's applied seq
+// is read again and the replay buffer applied from it, the refused run
+// included, so that a quiet replica's last batches are not missing until
+// its next one. Without a replay socket nothing can refill the hole: the
+// replica is cleared and rebuilt from the live stream, as after a gap.
+func (f *Follower) refill(ctx context.Context) error {
+	if !f.behind || f.fenced {
+		return nil
+	}
+	f.behind = false
+	f.m.gaps.Inc()
+	f.log.Warn("the store lost batches it had applied for the replica (a failover, or its AOF's last second): replaying them", "applied", f.last)
+	if err := f.readSeq(ctx); err != nil {
+		f.behind = true
+		return err
+	}
+	if f.replay == nil {
+		return f.reset(ctx, "gap")
+	}
+	if err := f.catchUp(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The live stream's seq check notices what is still missing.
+		f.log.Warn("replay after the store lost batches", "err", err)
+	}
+	return nil
+}
+
 func (f *Follower) reset(ctx context.Context, reason string) error {
 	if f.fenced {
 		return errFenced
@@ -502,6 +536,9 @@ func (f *Follower) HandleBatches(ctx context.Context, bs []kvevents.Batch) error
 			errs = append(errs, err)
 		}
 		if err := f.relearn(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		if err := f.refill(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		bs = bs[n:]
@@ -594,7 +631,9 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 	res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, f.writer, first, last, f.ops[:run[len(run)-1].end])
 	if err != nil {
 		// The store is the truth: re-read it before the next batch.
-		f.failed(first, err)
+		if f.failed(first, err) {
+			return len(run), nil // refill replays the run
+		}
 		return 1, fmt.Errorf("apply seq %d: %w", first, err)
 	}
 	if res.Applied || len(run) == 1 {
@@ -607,7 +646,9 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 		seq := int64(p.b.Seq)
 		res, err := f.st.ApplyRun(ctx, f.rep.Model, f.rep.ID, f.writer, seq, seq, f.ops[from:p.end])
 		if err != nil {
-			f.failed(seq, err)
+			if f.failed(seq, err) {
+				return len(run), nil
+			}
 			return i + 1, fmt.Errorf("apply seq %d: %w", seq, err)
 		}
 		f.account(run[i:i+1], res)
@@ -619,13 +660,20 @@ func (f *Follower) store(ctx context.Context) (int, error) {
 // failed notes an apply of a run from first that returned err: the store
 // must be re-read before the next batch, and when the run continued the
 // follower's history, readSeq checks whether it found the store had lost
-// it. A refused writer is fenced.
-func (f *Follower) failed(first int64, err error) {
+// it. A refused writer is fenced. It reports whether the store was behind
+// (it lost acknowledged batches): then refill replays the run, which is
+// no error of the caller's.
+func (f *Follower) failed(first int64, err error) bool {
 	f.synced = false
 	f.fence(err)
+	if errors.Is(err, kvroute.ErrStoreBehind) {
+		f.behind = true
+		return true
+	}
 	if f.have && first == f.last+1 && !f.fenced {
 		f.failedFirst = first
 	}
+	return false
 }
 
 // account records the metrics of batches applied together with result res,

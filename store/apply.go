@@ -68,8 +68,8 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica, writer string, fir
 		if len(v) < 4 {
 			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 		}
-		if v[0] == fencedReply {
-			return kvroute.ApplyResult{}, fmt.Errorf("store: apply %s: %w", replica, kvroute.ErrFenced)
+		if err := refused(replica, first, v); err != nil {
+			return kvroute.ApplyResult{}, err
 		}
 		if v[0] >= 0 {
 			s.countApplied(ctx, v)
@@ -125,14 +125,31 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica, writer string, fir
 	if len(v) != 4 && len(v) != 5 && len(v) != 7 {
 		return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
 	}
-	if v[0] == fencedReply {
-		return kvroute.ApplyResult{}, fmt.Errorf("store: apply %s: %w", replica, kvroute.ErrFenced)
+	if err := refused(replica, first, v); err != nil {
+		return kvroute.ApplyResult{}, err
 	}
 	if len(v) >= 5 && v[4] >= 0 {
 		s.slots.Store(ck, int(v[4]))
 	}
 	s.countApplied(ctx, v)
 	return applyResult(v), nil
+}
+
+// behindReply is apply.lua's and applyfast.lua's answer to a run that does
+// not follow the replica's applied seq, which is older (the store lost
+// acknowledged batches); the reply's second value is that seq.
+const behindReply = -3
+
+// refused turns a script's refusal of a run from first into its error:
+// fenced, or the store behind the follower; nil for any other reply.
+func refused(replica string, first int64, v []int64) error {
+	switch v[0] {
+	case fencedReply:
+		return fmt.Errorf("store: apply %s: %w", replica, kvroute.ErrFenced)
+	case behindReply:
+		return fmt.Errorf("store: apply %s from seq %d: the store holds seq %d: %w", replica, first, v[1], kvroute.ErrStoreBehind)
+	}
+	return nil
 }
 
 // countApplied counts the predictions an applied batch confirmed and

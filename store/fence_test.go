@@ -105,3 +105,39 @@ func stats(t *testing.T, e *env) kvroute.ReplicaStats {
 	}
 	return st
 }
+
+// TestApplyBehind holds apply.lua and applyfast.lua to refusing a run that
+// does not follow the replica's applied seq, which is older: the store
+// lost batches it had acknowledged, and applying the run would leave that
+// hole for good. Nothing changes, and the error says ErrStoreBehind; a run
+// that follows, a stale one and a first one are applied as before.
+func TestApplyBehind(t *testing.T) {
+	ctx := context.Background()
+	k := chain(rand.New(rand.NewPCG(9, 10)), 8)
+	gpu := kvroute.TierGPU
+	forBackends(t, func(t *testing.T, e *env) {
+		if _, err := e.s.ApplyRun(ctx, mdl, "a", "ing-a", 3, 3, storeChain(k, 0, 2, gpu)); err != nil {
+			t.Fatal(err)
+		}
+		before := stats(t, e)
+		for _, c := range []struct {
+			name string
+			ops  []kvroute.IndexOp
+		}{
+			{"fresh chain (applyfast.lua)", storeChain(k, 2, 4, gpu)},
+			{"general path (apply.lua)", []kvroute.IndexOp{remove1(k[1], gpu)}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				if _, err := e.s.ApplyRun(ctx, mdl, "a", "ing-a", 5, 6, c.ops); !errors.Is(err, kvroute.ErrStoreBehind) {
+					t.Errorf("a run from seq 5 over applied seq 3: err %v, want ErrStoreBehind", err)
+				}
+				if got := stats(t, e); got != before {
+					t.Errorf("after the refusal: %+v, want %+v unchanged", got, before)
+				}
+			})
+		}
+		if res, err := e.s.ApplyRun(ctx, mdl, "a", "ing-a", 4, 4, storeChain(k, 2, 4, gpu)); err != nil || !res.Applied {
+			t.Errorf("the run that follows: %+v, %v; want applied", res, err)
+		}
+	})
+}

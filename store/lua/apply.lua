@@ -10,7 +10,9 @@
 -- Returns {applied, stored, removed, unknown, R's slot or -1, predictions
 -- confirmed, predictions evicted} (Go caches the slot for applyfast.lua);
 -- applied is 0 (stale), 1, or 2 (applied, and R had no applied seq
--- before), or -2 (fenced: another writer holds R, nothing changed). A GPU store of a predicted chain's end confirms R's prediction
+-- before), -2 (fenced: another writer holds R, nothing changed) or -3
+-- (the applied seq, second, is older than first seq - 1: the store lost
+-- acknowledged batches; nothing changed). A GPU store of a predicted chain's end confirms R's prediction
 -- (predict.lua, prepended), a GPU removal of any of its marks or a clear
 -- ends it. A batch whose seq (a run whose first seq) is not
 -- newer than the applied seq changes nothing, so redelivery is harmless.
@@ -32,6 +34,10 @@ local EH0, K0, P0 = 5, 5 + nops, 5 + 2 * nops -- op i's hash, key, parent: ARGV[
 local m = redis.call('HMGET', meta, 'seq', 'n', 'w')
 if fenced(m[3], ARGV[6 + 3 * nops]) then return {-2, 0, 0, 0} end
 if m[1] and tonumber(m[1]) >= first then return {0, 0, 0, 0} end
+-- A run that does not follow the applied seq: the store lost batches it
+-- had acknowledged (a failover, an AOF's last second). Applying it would
+-- leave a hole for good: the follower replays from the stored seq.
+if m[1] and tonumber(m[1]) < first - 1 then return {-3, tonumber(m[1]), 0, 0} end
 claim(meta, m[3], ARGV[6 + 3 * nops])
 -- Applied is 1 over an applied seq, 2 when the replica had none: its first
 -- run, or the store lost or cleared its entries (see ApplyResult.NoPrior).

@@ -15,12 +15,14 @@
 -- (the applied seq is first seq or newer), and {-1, 0, 0, 0, slot or -1}
 -- with nothing changed when the slot differs, a block already exists or an
 -- e2r field is taken: Go then applies the batch through apply.lua's general
--- path; {-2, 0, 0, 0} when another writer holds R (nothing changed).
+-- path; {-2, 0, 0, 0} when another writer holds R, {-3, applied seq, 0, 0}
+-- when the applied seq is older than first seq - 1 (nothing changed).
 local meta, BLK, E2R = KEYS[1], KEYS[3], KEYS[4]
 local R = ARGV[1]
 local m = redis.call('HMGET', meta, 'seq', 'n', 'w')
 if fenced(m[3], ARGV[9]) then return {-2, 0, 0, 0} end
 if m[1] and tonumber(m[1]) >= tonumber(ARGV[6]) then return {0, 0, 0, 0} end
+if m[1] and tonumber(m[1]) < tonumber(ARGV[6]) - 1 then return {-3, tonumber(m[1]), 0, 0} end -- as in apply.lua
 local applied = m[1] and 1 or 2 -- as in apply.lua
 local s = redis.call('HGET', KEYS[2], R .. '#i')
 if s ~= ARGV[4] then return {-1, 0, 0, 0, tonumber(s) or -1} end
