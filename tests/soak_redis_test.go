@@ -37,7 +37,8 @@ func startSoakRedis(t *testing.T) soakRedis {
 	t.Helper()
 	switch m := os.Getenv("KVROUTE_SOAK_REDIS"); m {
 	case "", "single":
-		return &soakSingle{p: startRedisProc(t)}
+		p := startRedisProc(t)
+		return &soakSingle{p: p, link: startFaultProxy(t, "127.0.0.1:"+strconv.Itoa(p.port))}
 	case "cluster":
 		return &soakCluster{c: redistest.ClusterWithReplicas(t, 3, 1)}
 	default:
@@ -46,10 +47,15 @@ func startSoakRedis(t *testing.T) soakRedis {
 	}
 }
 
-// soakSingle is one redis-server, frozen or restarted empty.
-type soakSingle struct{ p *redisProc }
+// soakSingle is one redis-server, frozen or restarted empty, which the
+// kvroute processes reach through a fault proxy: their link to it can be
+// cut (every connection reset, new ones refused) while Redis runs on.
+type soakSingle struct {
+	p    *redisProc
+	link *faultProxy
+}
 
-func (s *soakSingle) flags() []string { return []string{"--redis-url", s.p.url()} }
+func (s *soakSingle) flags() []string { return []string{"--redis-url", "redis://" + s.link.addr()} }
 
 func (s *soakSingle) client(t *testing.T) redis.UniversalClient {
 	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(s.p.port)})
@@ -57,7 +63,9 @@ func (s *soakSingle) client(t *testing.T) redis.UniversalClient {
 	return rc
 }
 
-func (s *soakSingle) kinds() []string { return []string{"redis-sigstop", "redis-restart-empty"} }
+func (s *soakSingle) kinds() []string {
+	return []string{"redis-sigstop", "redis-restart-empty", "redis-link-reset"}
+}
 
 func (s *soakSingle) inject(t *testing.T, _ *rand.Rand, kind string, hold func(string)) {
 	switch kind {
@@ -68,6 +76,11 @@ func (s *soakSingle) inject(t *testing.T, _ *rand.Rand, kind string, hold func(s
 	case "redis-restart-empty":
 		s.p.kill(syscall.SIGKILL)
 		s.p.start()
+	case "redis-link-reset":
+		s.link.reset.Store(true)
+		s.link.resetAll()
+		hold("every kvroute process cut off from redis")
+		s.link.reset.Store(false)
 	}
 }
 

@@ -52,6 +52,9 @@ type soakFleet struct {
 	sims    []*soakProc
 	simURL  []string
 	proxies []*faultProxy // in front of each replica's HTTP port
+	// zproxies are in front of each replica's ZeroMQ sockets (events and
+	// replay), between it and the ingestors.
+	zproxies []*faultProxy
 	// cuts counts replica-side faults (sim kills, link resets), which
 	// may cut a response already under way.
 	cuts    atomic.Int64
@@ -72,11 +75,15 @@ type soakFleet struct {
 
 // TestSoak is a bounded chaos soak (issue 23): clients send decisions,
 // completions (streamed or not) and chat completions through three pods
-// while a seeded schedule freezes and restarts Redis, kills ingestors,
-// pods and sim-replicas. At the end every request must have ended with a
-// documented status within its deadline (or been cut by a kill of the
-// pod it was talking to), no booking, lease or waiter may remain, and
-// the index must agree with every replica's cache within soakConverge.
+// while a seeded schedule freezes, restarts (empty) and cuts off Redis (or
+// freezes, kills and wipes a Cluster's primaries), kills ingestors, pods
+// and sim-replicas, and slows or resets the pods' HTTP and the ingestors'
+// ZeroMQ links to the replicas. At the end every request must have ended
+// with a documented status within its deadline (or been cut by a kill of
+// the pod it was talking to, or been answered 404 by a pod started just as
+// the registry was lost, with no copy to re-seed it from), no booking,
+// lease or waiter may remain, and within soakConverge the index must hold
+// as many blocks as every replica's cache, at its last batch's seq.
 func TestSoak(t *testing.T) {
 	if os.Getenv("KVROUTE_SOAK") == "" {
 		t.Skip("set KVROUTE_SOAK=1 (make soak)")
@@ -194,16 +201,18 @@ func startSoakFleet(t *testing.T) *soakFleet {
 		wait.UntilNil(t, addr+" ready", func() error { return getOK("http://" + addr + "/readyz") })
 	}
 	for i := range soakReplicas {
-		addr, events, replay := soakAddr(t), "tcp://"+soakAddr(t), "tcp://"+soakAddr(t)
+		addr, events, replay := soakAddr(t), soakAddr(t), soakAddr(t)
 		id := fmt.Sprintf("%s-s%d", soakModel, i)
 		f.sims = append(f.sims, startSoakProc(t, bin, id,
-			"sim-replica", "--model", soakModel, "--listen", addr, "--events", events, "--replay", replay))
+			"sim-replica", "--model", soakModel, "--listen", addr, "--events", "tcp://"+events, "--replay", "tcp://"+replay))
 		f.simURL = append(f.simURL, "http://"+addr)
 		wait.UntilNil(t, id+" healthy", func() error { return getOK("http://" + addr + "/health") })
 		f.ids = append(f.ids, id)
-		px := startFaultProxy(t, addr)
+		px, ev, rp := startFaultProxy(t, addr), startFaultProxy(t, events), startFaultProxy(t, replay)
 		f.proxies = append(f.proxies, px)
-		f.regs = append(f.regs, fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`, soakModel, "http://"+px.addr(), events, replay))
+		f.zproxies = append(f.zproxies, ev, rp)
+		f.regs = append(f.regs, fmt.Sprintf(`{"model":%q,"url":%q,"events":%q,"replay":%q}`,
+			soakModel, "http://"+px.addr(), "tcp://"+ev.addr(), "tcp://"+rp.addr()))
 		f.register(t, i)
 	}
 	rc := f.redis.client(t)
@@ -301,15 +310,23 @@ func (f *soakFleet) hold(t *testing.T, what string, n int64) {
 	wait.Until(t, fmt.Sprintf("%d requests ended under %s", n, what), func() bool { return f.ended.Load() >= from+n })
 }
 
-// linkFault degrades one pod→replica link through its proxy for a
-// while: latency on new connections, or every connection reset.
+// linkFault degrades one link through its proxy while hold more requests
+// end: a pod→replica HTTP link, or an ingestor→replica ZeroMQ link (events
+// or replay); latency on new connections, or every connection reset.
 func (f *soakFleet) linkFault(t *testing.T, r *rand.Rand) string {
-	px := f.proxies[r.IntN(len(f.proxies))]
-	hold := f.holdFor(r)
-	kind := "link-latency"
+	px, link := f.proxies[r.IntN(len(f.proxies))], "link"
 	if r.IntN(2) == 0 {
-		kind = "link-reset"
-		f.cuts.Add(1)
+		// An ingestor's events or replay link: batches published
+		// while it is down are lost to the SUB, a gap to replay.
+		px, link = f.zproxies[r.IntN(len(f.zproxies))], "zmq-link"
+	}
+	hold := f.holdFor(r)
+	kind := link + "-latency"
+	if r.IntN(2) == 0 {
+		kind = link + "-reset"
+		if link == "link" {
+			f.cuts.Add(1)
+		}
 		px.reset.Store(true)
 		px.resetAll()
 	} else {
