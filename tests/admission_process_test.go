@@ -100,7 +100,12 @@ func readAdmState(t *testing.T, rc redis.Cmdable, model string) admState {
 	s.depth, _ = rc.LLen(ctx, pre+"depth").Result()
 	s.leases, _ = rc.HLen(ctx, pre+"lb").Result()
 	load, _ := rc.HGetAll(ctx, pre+"load").Result()
-	for _, v := range load {
+	for field, v := range load {
+		if strings.Contains(field, "#") {
+			// Not a booked load: the scraped load (#s), a slot (#i),
+			// predictions (#p), counters.
+			continue
+		}
 		f := strings.Split(v, ",")
 		if len(f) >= 3 {
 			n, _ := strconv.ParseInt(f[2], 10, 64)
