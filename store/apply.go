@@ -55,29 +55,9 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica, writer string, fir
 	}
 	ck := model + "\x00" + replica
 	if c, ok := freshChains(ops); ok {
-		slot, err := s.slot(ctx, model, replica, ck)
-		if err != nil {
-			return kvroute.ApplyResult{}, err
+		if res, done, err := s.applyFast(ctx, model, replica, writer, ck, first, last, ops, c); done || err != nil {
+			return res, err
 		}
-		args := append(fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c), writer)
-		keys := []string{metaKey(model, replica), loadKey(model), blkKey(model), e2rKey(model, replica)}
-		v, err := scriptApplyF.Run(ctx, s.c, keys, args...).Int64Slice()
-		if err != nil {
-			return kvroute.ApplyResult{}, wrap("apply", err)
-		}
-		if len(v) < 4 {
-			return kvroute.ApplyResult{}, fmt.Errorf("store: apply: unexpected reply %v", v)
-		}
-		if err := refused(replica, first, v); err != nil {
-			return kvroute.ApplyResult{}, err
-		}
-		if v[0] >= 0 {
-			s.countApplied(ctx, v)
-			return applyResult(v), nil
-		}
-		// The slot moved or the chains are not fresh: nothing was
-		// written, the general path applies the batch.
-		s.slots.Delete(ck)
 	}
 	// apply.lua's arguments: the fixed four and the kinds, then kind and tier of every op
 	// (two bytes each), then every op's engine hash, key and parent as
@@ -133,6 +113,34 @@ func (s *Store) ApplyRun(ctx context.Context, model, replica, writer string, fir
 	}
 	s.countApplied(ctx, v)
 	return applyResult(v), nil
+}
+
+// applyFast tries a run of fresh chains through applyfast.lua; done is
+// false when the script wrote nothing because the slot moved or the chains
+// are not fresh after all, and the general path must apply the run.
+func (s *Store) applyFast(ctx context.Context, model, replica, writer, ck string, first, last int64, ops []kvroute.IndexOp, c chains) (_ kvroute.ApplyResult, done bool, _ error) {
+	slot, err := s.slot(ctx, model, replica, ck)
+	if err != nil {
+		return kvroute.ApplyResult{}, false, err
+	}
+	args := append(fastArgs(model, replica, first, last, ms(s.now()), slot, ops, c), writer)
+	keys := []string{metaKey(model, replica), loadKey(model), blkKey(model), e2rKey(model, replica)}
+	v, err := scriptApplyF.Run(ctx, s.c, keys, args...).Int64Slice()
+	if err != nil {
+		return kvroute.ApplyResult{}, false, wrap("apply", err)
+	}
+	if len(v) < 4 {
+		return kvroute.ApplyResult{}, false, fmt.Errorf("store: apply: unexpected reply %v", v)
+	}
+	if err := refused(replica, first, v); err != nil {
+		return kvroute.ApplyResult{}, false, err
+	}
+	if v[0] < 0 {
+		s.slots.Delete(ck)
+		return kvroute.ApplyResult{}, false, nil
+	}
+	s.countApplied(ctx, v)
+	return applyResult(v), true, nil
 }
 
 // behindReply is apply.lua's and applyfast.lua's answer to a run that does
