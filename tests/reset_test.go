@@ -281,18 +281,12 @@ func recoverOnce(t *testing.T, rp *redisProc, log *decisionLog, run int, quiet b
 }
 
 // resetDecision is one /v1/route answer and when it was asked and answered.
+// It is a routeAnswer (outage_test.go) with what recovery is judged by.
 type resetDecision struct {
-	start, end time.Time
-	released   time.Duration // how long the release took
-	status     int
-	RequestID  string `json:"request_id"`
-	Replica    struct {
-		ID string `json:"id"`
-	} `json:"replica"`
-	Matched         int    `json:"matched_blocks"`
-	Degraded        bool   `json:"degraded"`
-	Reason          string `json:"reason"`
-	IndexIncomplete bool   `json:"index_incomplete"`
+	routeAnswer
+	start, end      time.Time
+	released        time.Duration // how long the release took
+	IndexIncomplete bool          `json:"index_incomplete"`
 	// ExpiresAt is set when the decision booked load (not when it
 	// bypassed the store), which is what a release is owed for.
 	ExpiresAt time.Time `json:"expires_at"`
