@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Epoch returns the store's epoch, a random id written by the first
@@ -22,16 +24,7 @@ import (
 // A model's keys live on their own shard, with their own epoch
 // (ModelEpoch).
 func (s *Store) Epoch(ctx context.Context) (string, error) {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	if err := s.c.HSetNX(ctx, keyReplicas, fieldEpoch, hex.EncodeToString(b[:])).Err(); err != nil {
-		return "", wrap("epoch", err)
-	}
-	v, err := s.c.HGet(ctx, keyReplicas, fieldEpoch).Result()
-	if err != nil {
-		return "", wrap("epoch", err)
-	}
-	return v, nil
+	return s.epochAt(ctx, "epoch", keyReplicas, fieldEpoch)
 }
 
 // ModelEpoch is Epoch for one model's slot: a random id kept in the
@@ -43,15 +36,38 @@ func (s *Store) Epoch(ctx context.Context) (string, error) {
 // batch, which a quiet replica may not send for minutes. On one Redis it
 // changes with the global epoch.
 func (s *Store) ModelEpoch(ctx context.Context, model string) (string, error) {
+	return s.epochAt(ctx, "model epoch", prefix(model)+"epoch", "")
+}
+
+// epochAt reads the epoch kept at key (in field, when key is a hash) and,
+// only when there is none, writes a new random one where none is yet
+// (another process may write first: its epoch is the one read back). Every
+// pod and ingestor asks about once a second: the common case is one read.
+func (s *Store) epochAt(ctx context.Context, op, key, field string) (string, error) {
+	get := func() (string, error) {
+		if field == "" {
+			return s.c.Get(ctx, key).Result()
+		}
+		return s.c.HGet(ctx, key, field).Result()
+	}
+	v, err := get()
+	if err == nil {
+		return v, nil
+	} else if err != redis.Nil {
+		return "", wrap(op, err)
+	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	key := prefix(model) + "epoch"
-	if err := s.c.SetNX(ctx, key, hex.EncodeToString(b[:]), 0).Err(); err != nil {
-		return "", wrap("model epoch", err)
+	if field == "" {
+		err = s.c.SetNX(ctx, key, hex.EncodeToString(b[:]), 0).Err()
+	} else {
+		err = s.c.HSetNX(ctx, key, field, hex.EncodeToString(b[:])).Err()
 	}
-	v, err := s.c.Get(ctx, key).Result()
 	if err != nil {
-		return "", wrap("model epoch", err)
+		return "", wrap(op, err)
+	}
+	if v, err = get(); err != nil {
+		return "", wrap(op, err)
 	}
 	return v, nil
 }
