@@ -308,21 +308,57 @@ func universalOptions(c Config) (*redis.UniversalOptions, error) {
 	if len(c.Addrs) > 0 {
 		addrs = c.Addrs
 	}
+	if err := checkSeeds(c, o, addrs); err != nil {
+		return nil, err
+	}
+	uo := universalFrom(c, o, addrs)
+	if c.Username != "" {
+		uo.Username = c.Username
+	}
+	if c.Password != "" {
+		uo.Password = c.Password
+	}
+	if c.PasswordFile != "" {
+		cred, err := passwordFile(c.PasswordFile, uo.Username)
+		if err != nil {
+			return nil, err
+		}
+		uo.Password = ""
+		uo.CredentialsProviderContext = cred
+	}
+	tc, err := tlsConfig(c, o.TLSConfig)
+	if err != nil {
+		return nil, err
+	}
+	uo.TLSConfig = tc
+	return uo, nil
+}
+
+// checkSeeds refuses a configuration go-redis would take and then fail
+// on: a seed that is no host:port, a database under Cluster, two
+// passwords, half a client certificate.
+func checkSeeds(c Config, o *redis.Options, addrs []string) error {
 	for _, a := range addrs {
 		if a == "" || !strings.Contains(a, ":") {
-			return nil, fmt.Errorf("redis address %q: want host:port", a)
+			return fmt.Errorf("redis address %q: want host:port", a)
 		}
 	}
 	if c.Topology() == "cluster" && o.DB != 0 {
-		return nil, fmt.Errorf("redis: database %d: a Cluster has only database 0", o.DB)
+		return fmt.Errorf("redis: database %d: a Cluster has only database 0", o.DB)
 	}
 	if c.Password != "" && c.PasswordFile != "" {
-		return nil, errors.New("redis: a password and a password file: give one")
+		return errors.New("redis: a password and a password file: give one")
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
-		return nil, errors.New("redis: a TLS client certificate needs both its certificate and its key file")
+		return errors.New("redis: a TLS client certificate needs both its certificate and its key file")
 	}
-	uo := &redis.UniversalOptions{
+	return nil
+}
+
+// universalFrom carries the URL's options (o) over to the client for
+// addrs, with c's topology.
+func universalFrom(c Config, o *redis.Options, addrs []string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
 		Addrs:      addrs,
 		ClientName: o.ClientName,
 		DB:         o.DB,
@@ -357,26 +393,6 @@ func universalOptions(c Config) (*redis.UniversalOptions, error) {
 		MasterName:    c.MasterName,
 		IsClusterMode: c.Cluster,
 	}
-	if c.Username != "" {
-		uo.Username = c.Username
-	}
-	if c.Password != "" {
-		uo.Password = c.Password
-	}
-	if c.PasswordFile != "" {
-		cred, err := passwordFile(c.PasswordFile, uo.Username)
-		if err != nil {
-			return nil, err
-		}
-		uo.Password = ""
-		uo.CredentialsProviderContext = cred
-	}
-	tc, err := tlsConfig(c, o.TLSConfig)
-	if err != nil {
-		return nil, err
-	}
-	uo.TLSConfig = tc
-	return uo, nil
 }
 
 // urlAddrs are the seeds a go-redis cluster URL adds to its host, its
