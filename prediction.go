@@ -9,9 +9,12 @@ import "time"
 // one conversation's turns) would otherwise each see every replica as
 // cold and spread the shared context over all of them. So the booking
 // records, in the same atomic step, a Prediction on the replica it books:
-// every pod reads it with the replica's load. A confirming event (the
-// chain's last block stored), an eviction of one of its blocks, the
-// request released before its first token, or its expiry ends it.
+// every pod reads it with the replica's load. An eviction of one of its
+// blocks, the request released before its first token, or its expiry
+// ends it. A confirming event (the chain's last block stored) makes it
+// Confirmed: it stays, due, until its grace has passed, because a
+// decision whose lookup read the index before that event and books after
+// it sees the chain in neither place otherwise.
 
 // MaxMarks bounds the marks of one prediction, so that a prediction costs
 // the same few bytes whatever the prompt's length.
@@ -123,6 +126,11 @@ type Prediction struct {
 	// included, when it was booked: what runs before the chain is held.
 	Span  int64
 	Marks []Mark
+	// Confirmed says the event storing the chain's end came: the chain
+	// is held, the prediction due, and it is kept only as a bridge for
+	// bookings whose lookup read the index before that event (lookups
+	// skip it: PredictedOverlap). Its expiry is no phantom.
+	Confirmed bool
 }
 
 // Depth is how many leading blocks of keys p predicts: the deepest of its
@@ -137,6 +145,25 @@ func (p Prediction) Depth(keys []BlockKey) int {
 	return 0
 }
 
+// DueAt makes p due at now (its first token came, or its confirming
+// event: its prefill has run), if it was due later, and expiring as much
+// sooner: its grace (expiry less due) after now, never before Start. It
+// counts in whole milliseconds, as store/lua/predict.lua's pdue does, and
+// reports whether p changed.
+func (p *Prediction) DueAt(now time.Time) bool {
+	ms := time.UnixMilli(now.UnixMilli())
+	if !ms.Before(p.Ready) {
+		return false
+	}
+	due := ms
+	if due.Before(p.Start) {
+		due = p.Start
+	}
+	p.Expires = p.Expires.Add(-p.Ready.Sub(due))
+	p.Ready = due
+	return true
+}
+
 // Progress is how far p's prefill is at now, 0 at Start to 1 when due.
 func (p Prediction) Progress(now time.Time) float64 {
 	span := p.Ready.Sub(p.Start)
@@ -149,15 +176,18 @@ func (p Prediction) Progress(now time.Time) float64 {
 	return float64(now.Sub(p.Start)) / float64(span)
 }
 
-// PredictedOverlap is what a replica's live predictions (those not
-// expired at now) say about keys: the most leading blocks any predicts,
+// PredictedOverlap is what a replica's live predictions (those neither
+// expired at now nor confirmed) say about keys: the most leading blocks any predicts,
 // and that prediction's progress and remaining wait (the prefill blocks
 // still to run before it is held: (1 − progress) × Span). Among
 // predictions of the same depth the one with the least wait counts: it
-// is the one the request would share.
+// is the one the request would share. A confirmed prediction is left to
+// the index, which a lookup reads with it and which says what is still
+// held; only a booking looking again (store/lua/reservebest.lua) counts
+// it, against what its lookup found held before the event.
 func PredictedOverlap(preds []Prediction, keys []BlockKey, now time.Time) (depth int, ready, wait float64) {
 	for _, p := range preds {
-		if !now.Before(p.Expires) {
+		if p.Confirmed || !now.Before(p.Expires) {
 			continue
 		}
 		d := p.Depth(keys)

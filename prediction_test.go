@@ -127,6 +127,8 @@ func TestPredictedOverlap(t *testing.T) {
 	first := mk("a", 0, 100, 2100, 64, chain)
 	second := mk("b", 0, 200, 2200, 128, chain)
 	short := mk("c", 0, 50, 2050, 16, chain[:16])
+	confirmed := mk("d", 0, 10, 2010, 64, chain)
+	confirmed.Confirmed = true
 	tests := []struct {
 		name               string
 		preds              []kvroute.Prediction
@@ -141,12 +143,42 @@ func TestPredictedOverlap(t *testing.T) {
 		{"expired", []kvroute.Prediction{first}, 2100, 0, 0, 0},
 		{"the deepest counts", []kvroute.Prediction{short, second}, 0, 64, 0, 128},
 		{"of one depth, the least wait", []kvroute.Prediction{second, first}, 0, 64, 0, 64},
+		{"a confirmed one is the index's", []kvroute.Prediction{confirmed, short}, 20, 16, 0.4, 9.6},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			d, r, w := kvroute.PredictedOverlap(tc.preds, chain, t0.Add(time.Duration(tc.at)*time.Millisecond))
 			if d != tc.depth || r != tc.progress || w != tc.waitLeft {
 				t.Errorf("got depth %d progress %v wait %v, want %d %v %v", d, r, w, tc.depth, tc.progress, tc.waitLeft)
+			}
+		})
+	}
+}
+
+// TestPredictionDueAt: a first token or a confirming event makes a
+// prediction due then, and expiring as much sooner, never before its
+// start and never later than it was.
+func TestPredictionDueAt(t *testing.T) {
+	t0 := time.UnixMilli(5_000)
+	at := func(ms int64) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	tests := []struct {
+		name             string
+		now              int64
+		changed          bool
+		ready, expiresAt int64
+	}{
+		{"before due", 40, true, 40, 2040},
+		{"before its start", -10, true, 0, 2000},
+		{"after due", 150, false, 100, 2100},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := kvroute.Prediction{Start: t0, Ready: at(100), Expires: at(2100)}
+			if got := p.DueAt(at(tc.now)); got != tc.changed {
+				t.Errorf("changed: got %v, want %v", got, tc.changed)
+			}
+			if !p.Ready.Equal(at(tc.ready)) || !p.Expires.Equal(at(tc.expiresAt)) {
+				t.Errorf("got due %v expiring %v, want %v and %v", p.Ready, p.Expires, at(tc.ready), at(tc.expiresAt))
 			}
 		})
 	}

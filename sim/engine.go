@@ -319,7 +319,7 @@ func Run(ctx context.Context, cfg Config, sc scoring.Config, w Workload) (Report
 			for _, k := range ch {
 				r.eng[i].cache.touch(k)
 			}
-			r.view.Apply(true, i, kvroute.TierGPU, ch)
+			r.view.Apply(true, i, kvroute.TierGPU, ch, time.Time{})
 		}
 		r.eng[i].cache.evictTo(cfg.CapacityBlocks, nil)
 	}
@@ -480,7 +480,7 @@ func (r *run) emit(store bool, p int, keys []kvroute.BlockKey) {
 }
 
 func (r *run) apply(store bool, p int, keys []kvroute.BlockKey) {
-	r.view.Apply(store, p, kvroute.TierGPU, keys)
+	r.view.Apply(store, p, kvroute.TierGPU, keys, time.Time{}.Add(r.now))
 }
 
 func (r *run) prefillDone(i int32) {

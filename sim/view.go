@@ -97,16 +97,16 @@ func (v *RouterView) IDs() []string { return v.ids }
 // Load is what the view has booked on replica p.
 func (v *RouterView) Load(p int) scoring.Load { return v.load[p] }
 
-// Apply is one cache event reaching the index: replica p stored (or
-// removed) keys in tier t.
-func (v *RouterView) Apply(store bool, p int, t kvroute.Tier, keys []kvroute.BlockKey) {
+// Apply is one cache event reaching the index at now: replica p stored
+// (or removed) keys in tier t.
+func (v *RouterView) Apply(store bool, p int, t kvroute.Tier, keys []kvroute.BlockKey, now time.Time) {
 	ix := v.index
 	if t != kvroute.TierGPU {
 		ix = v.host
 	}
 	if t == kvroute.TierGPU {
 		// As apply.lua: GPU stores confirm, GPU removals end.
-		v.endPredictions(store, p, keys)
+		v.endPredictions(store, p, keys, now)
 	}
 	bit := uint64(1) << uint(p)
 	for _, k := range keys {
@@ -199,7 +199,9 @@ func (v *RouterView) predict(p int, owner string, plan kvroute.PredictPlan, now 
 	for _, e := range v.pred[p] {
 		switch {
 		case !now.Before(e.Expires):
-			v.counts.Expired++
+			if !e.Confirmed {
+				v.counts.Expired++
+			}
 		case e.Owner != owner:
 			kept = append(kept, e)
 		}
@@ -211,8 +213,10 @@ func (v *RouterView) predict(p int, owner string, plan kvroute.PredictPlan, now 
 				first = i
 			}
 		}
+		if !kept[first].Confirmed {
+			v.counts.Expired++
+		}
 		kept = slices.Delete(kept, first, first+1)
-		v.counts.Expired++
 	}
 	span := int64(v.load[p].Prefill)
 	ready, expires := plan.Timing(now, span)
@@ -220,11 +224,12 @@ func (v *RouterView) predict(p int, owner string, plan kvroute.PredictPlan, now 
 	v.counts.Written++
 }
 
-// endPredictions applies one event batch to replica p's predicted
-// entries, as store/lua/apply.lua does: stored keys that include an
-// entry's end confirm it; removed keys that include any of its marks end
-// it.
-func (v *RouterView) endPredictions(store bool, p int, keys []kvroute.BlockKey) {
+// endPredictions applies one event batch, applied at now, to replica p's
+// predicted entries, as store/lua/predict.lua's predictEnd does: stored
+// keys that include an entry's end confirm it (it stays, due now, until
+// it expires); removed keys that include any of its marks end it (counted
+// evicted unless it was confirmed).
+func (v *RouterView) endPredictions(store bool, p int, keys []kvroute.BlockKey, now time.Time) {
 	if len(v.pred[p]) == 0 {
 		return
 	}
@@ -236,12 +241,18 @@ func (v *RouterView) endPredictions(store bool, p int, keys []kvroute.BlockKey) 
 	for _, e := range v.pred[p] {
 		switch {
 		case store && has(set, e.Marks[len(e.Marks)-1].Key):
-			v.counts.Confirmed++
+			if !e.Confirmed {
+				v.counts.Confirmed++
+				e.Confirmed = true
+				e.DueAt(now)
+			}
 		case !store && slices.ContainsFunc(e.Marks, func(m kvroute.Mark) bool { return has(set, m.Key) }):
-			v.counts.Evicted++
-		default:
-			kept = append(kept, e)
+			if !e.Confirmed {
+				v.counts.Evicted++
+			}
+			continue
 		}
+		kept = append(kept, e)
 	}
 	v.pred[p] = kept
 }
@@ -252,12 +263,12 @@ func has(set map[kvroute.BlockKey]struct{}, k kvroute.BlockKey) bool {
 }
 
 // Predictions is what became of the predicted entries so far; entries
-// still held that expired by now count as expired.
+// still held that expired by now unconfirmed count as expired.
 func (v *RouterView) Predictions(now time.Time) PredictionCounts {
 	c := v.counts
 	for _, es := range v.pred {
 		for _, e := range es {
-			if !now.Before(e.Expires) {
+			if !now.Before(e.Expires) && !e.Confirmed {
 				c.Expired++
 			}
 		}
@@ -277,15 +288,9 @@ func (v *RouterView) BestMatch(keys []kvroute.BlockKey) int {
 // sooner (store/lua/predict.lua's predictAdvance).
 func (v *RouterView) FirstToken(p int, l kvroute.Lease, now time.Time) {
 	v.load[p].Prefill -= float64(l.PrefillBlocks)
-	ms := time.UnixMilli(now.UnixMilli())
 	for i := range v.pred[p] {
-		if e := &v.pred[p][i]; e.Owner == l.RequestID && ms.Before(e.Ready) {
-			due := ms
-			if due.Before(e.Start) {
-				due = e.Start
-			}
-			e.Expires = e.Expires.Add(-e.Ready.Sub(due))
-			e.Ready = due
+		if e := &v.pred[p][i]; e.Owner == l.RequestID {
+			e.DueAt(now)
 		}
 	}
 }

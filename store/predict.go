@@ -43,6 +43,10 @@ func (s *Store) predictArgs(l kvroute.Lease) []any {
 		strconv.FormatInt(grace, 10), strconv.FormatInt(maxMs-grace, 10), marks}
 }
 
+// confirmedFlag is the marks byte's bit of a confirmed record
+// (lua/predict.lua's CONFIRMED).
+const confirmedFlag = 0x80
+
 // decodePredictions parses a "<replica>#p" field (lua/predict.lua's
 // layout); a record cut short ends the list.
 func decodePredictions(v string) []kvroute.Prediction {
@@ -60,7 +64,7 @@ func decodePredictions(v string) []kvroute.Prediction {
 		if j+23 > len(v) {
 			break
 		}
-		nm := int(v[j+22])
+		nm := int(v[j+22] &^ confirmedFlag)
 		end := j + 23 + 11*nm
 		if end > len(v) {
 			break
@@ -69,7 +73,7 @@ func decodePredictions(v string) []kvroute.Prediction {
 			Owner: v[i+1 : j],
 			Start: time.UnixMilli(num(v[j : j+6])), Ready: time.UnixMilli(num(v[j+6 : j+12])),
 			Expires: time.UnixMilli(num(v[j+12 : j+18])), Span: num(v[j+18 : j+22]),
-			Marks: make([]kvroute.Mark, nm),
+			Marks: make([]kvroute.Mark, nm), Confirmed: v[j+22]&confirmedFlag != 0,
 		}
 		for k := range nm {
 			m := v[j+23+11*k:]

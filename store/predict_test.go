@@ -133,8 +133,9 @@ func TestPredictions(t *testing.T) {
 			if _, err := e.s.Apply(ctx, mdl, "a", 1, storeChain(keys, 0, 40, kvroute.TierGPU)); err != nil {
 				t.Fatal(err)
 			}
-			if got := predictions(t, e, "a"); len(got) != 0 {
-				t.Errorf("after the confirming event: %d predictions, want 0", len(got))
+			got := predictions(t, e, "a")
+			if len(got) != 1 || !got[0].Confirmed || got[0].Owner != rid("p1") {
+				t.Errorf("after the confirming event: %d predictions (%+v), want p1's, confirmed", len(got), got)
 			}
 		})
 		t.Run("an eviction of one of its blocks ends it", func(t *testing.T) {
@@ -239,6 +240,83 @@ func TestBurstFindsPredictions(t *testing.T) {
 				}
 			}
 		}
+	})
+}
+
+// TestConfirmedPredictionBridges: a decision that looked up before the
+// event confirming a prediction, and books after it, saw the chain
+// neither in the index nor predicted. The confirmed record stays, due at
+// the event, until its grace has passed, so the booking still finds the
+// replica computing its context; its later ends are not counted as a
+// second fate. Before, the event deleted the record and a burst on a busy
+// machine split over two replicas (tests' TestBurstSharedContextLive).
+func TestConfirmedPredictionBridges(t *testing.T) {
+	forBackends(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		rd := metric.NewManualReader()
+		if err := e.s.CountPredictions(metric.NewMeterProvider(metric.WithReader(rd))); err != nil {
+			t.Fatal(err)
+		}
+		shared := chain(rand.New(rand.NewPCG(7, 8)), 60)
+		exp := e.clk.Now().Add(time.Minute)
+		const blocks = 62
+		cost := kvroute.ChoiceCost{PrefillScale: 2, Blocks: blocks, Active: 1, Bound: 1e18, Eps: 1e-9, OverlapCredit: 2, PredictWeight: 0.75}
+		// Both choices as a lookup before anything was booked scored
+		// them: cold.
+		choices := []kvroute.Choice{{Replica: "a", PrefillBlocks: blocks, Floor: blocks}, {Replica: "b", PrefillBlocks: blocks, Floor: blocks}}
+		request := func(i int) kvroute.Lease {
+			keys := append(append([]kvroute.BlockKey(nil), shared...), chain(rand.New(rand.NewPCG(uint64(i), 10)), 2)...)
+			l := lease("bridge"+strconv.Itoa(i), "", blocks, 1, exp)
+			l.Predict = plan(keys)
+			return l
+		}
+		first := request(0)
+		if j, _, err := e.s.ReserveBest(ctx, first, choices, cost); err != nil || j != 0 {
+			t.Fatalf("first booking: got choice %d (%v), want a", j, err)
+		}
+		e.clk.Add(50 * time.Millisecond)
+		ops := storeChain(append(append([]kvroute.BlockKey(nil), shared...), chain(rand.New(rand.NewPCG(0, 10)), 2)...), 0, blocks, kvroute.TierGPU)
+		if _, err := e.s.Apply(ctx, mdl, "a", 1, ops); err != nil {
+			t.Fatal(err)
+		}
+		t.Run("it stays confirmed, due at the event", func(t *testing.T) {
+			got := predictions(t, e, "a")
+			if len(got) != 1 || !got[0].Confirmed || !got[0].Ready.Equal(time.UnixMilli(e.clk.Now().UnixMilli())) {
+				t.Fatalf("after the confirming event: %+v, want one confirmed, due now %v", got, e.clk.Now())
+			}
+			if want := got[0].Ready.Add(plan(nil).Grace); !got[0].Expires.Equal(want) {
+				t.Errorf("expires %v, want its grace after the event, %v", got[0].Expires, want)
+			}
+		})
+		t.Run("a booking whose lookup missed the event finds it", func(t *testing.T) {
+			j, _, err := e.s.ReserveBest(ctx, request(1), choices, cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := choices[j].Replica; got != "a" {
+				t.Errorf("booked %s, want a (computing the shared context)", got)
+			}
+		})
+		t.Run("a release before the first token keeps it", func(t *testing.T) {
+			if ok, err := e.s.Release(ctx, first.RequestID); err != nil || !ok {
+				t.Fatalf("release: %v %v", ok, err)
+			}
+			if got := predictions(t, e, "a"); len(got) == 0 || !got[0].Confirmed {
+				t.Errorf("after the release: %+v, want the confirmed record kept", got)
+			}
+		})
+		t.Run("its end is counted once", func(t *testing.T) {
+			if _, err := e.s.Apply(ctx, mdl, "a", 2, []kvroute.IndexOp{remove1(ops[blocks-1].Key, kvroute.TierGPU)}); err != nil {
+				t.Fatal(err)
+			}
+			got := predictCounts(t, rd)
+			want := map[string]int64{store.PredictWritten: 2, store.PredictConfirmed: 1}
+			for _, k := range []string{store.PredictWritten, store.PredictConfirmed, store.PredictEvicted, store.PredictExpired, store.PredictWithdrawn} {
+				if got[k] != want[k] {
+					t.Errorf("%s: got %d, want %d (all: %v)", k, got[k], want[k], got)
+				}
+			}
+		})
 	})
 }
 

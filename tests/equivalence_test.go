@@ -112,7 +112,7 @@ func TestServiceAndSimulatorDecideAlike(t *testing.T) {
 		if _, err := st.Apply(ctx, model, id, int64(seq+1), ops); err != nil {
 			t.Fatalf("apply %s: %v", id, err)
 		}
-		view.Apply(true, h.rep, h.tier, ka[h.from:h.to])
+		view.Apply(true, h.rep, h.tier, ka[h.from:h.to], now)
 	}
 
 	steps := []struct {

@@ -357,5 +357,5 @@ eflush()
 if held < 0 then held = 0 end
 redis.call('HSET', meta, 'seq', ARGV[2], 'at', ARGV[3], 'n', held)
 if applied == 2 then redis.call('HSET', meta, 'from', ARGV[4]) end
-local pend = predictEnd(KEYS[2], R, pst, prm, cleared)
+local pend = predictEnd(KEYS[2], R, pst, prm, cleared, tonumber(ARGV[3]))
 return {applied, stored, removed, unknown, slot, pend[1], pend[2]}

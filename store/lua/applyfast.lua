@@ -66,5 +66,5 @@ if applied == 2 then redis.call('HSET', meta, 'from', ARGV[6]) end
 -- prepended).
 local pst = {}
 for k = 1, n do pst[bk[k]] = true end
-local pend = predictEnd(KEYS[2], R, pst, {}, false)
+local pend = predictEnd(KEYS[2], R, pst, {}, false, tonumber(ARGV[3]))
 return {applied, n, 0, 0, tonumber(s), pend[1], pend[2]}

@@ -13,7 +13,8 @@
 --   owner length (1 byte) | owner (the request id) | start ms (6) |
 --   due ms (6) | expiry ms (6) | span (4) | marks (1) |
 --   per mark: depth (3) | router key (8)
--- all big-endian, marks in increasing depth (kvroute.PredictMarks); an
+-- all big-endian, marks in increasing depth (kvroute.PredictMarks); the
+-- marks byte's high bit says the record is confirmed (CONFIRMED); an
 -- empty list deletes the field. store/predict.go reads and writes the
 -- same layout.
 local pbyte, psub, pchar, pfloor = string.byte, string.sub, string.char, math.floor
@@ -22,6 +23,11 @@ local PREDICT_MAX = 16
 -- PREDICT_MIN is kvroute.MinPredictBlocks: a booking on a choice holding
 -- all but fewer blocks of the chain predicts nothing.
 local PREDICT_MIN = 4
+-- CONFIRMED is the marks byte's flag of a confirmed record
+-- (kvroute.Prediction.Confirmed): the event storing the chain's end came,
+-- and the record stays until it expires, as a bridge for decisions whose
+-- lookup ran before that event and whose booking runs after it.
+local CONFIRMED = 128
 
 local function pnum(s, i, n)
   local v = 0
@@ -38,7 +44,7 @@ local function penc(v, n)
 end
 
 -- pdecode parses a field into records {owner, start, due, exp, span,
--- marks (the raw mark bytes), last (the deepest mark's key), raw}.
+-- marks (the raw mark bytes), last (the deepest mark's key), conf, raw}.
 local function pdecode(v)
   local out, i = {}, 1
   while v and i <= #v do
@@ -46,25 +52,30 @@ local function pdecode(v)
     local o = psub(v, i + 1, i + ol)
     local j = i + 1 + ol
     local nm = pbyte(v, j + 22)
+    local conf = nm >= CONFIRMED
+    if conf then nm = nm - CONFIRMED end
     local mend = j + 23 + 11 * nm
     out[#out + 1] = {owner = o, start = pnum(v, j, 6), due = pnum(v, j + 6, 6), exp = pnum(v, j + 12, 6),
       span = pnum(v, j + 18, 4), marks = psub(v, j + 23, mend - 1),
-      last = psub(v, mend - 8, mend - 1), raw = psub(v, i, mend - 1)}
+      last = psub(v, mend - 8, mend - 1), conf = conf, raw = psub(v, i, mend - 1)}
     i = mend
   end
   return out
 end
 
 -- pscan splits a field into records without decoding their marks:
--- {owner, exp, raw} each, for the scripts that only prune, cap or find
--- one by owner (a booking reads a full list on every call).
+-- {owner, exp, conf, raw} each, for the scripts that only prune, cap or
+-- find one by owner (a booking reads a full list on every call).
 local function pscan(v)
   local out, i = {}, 1
   while v and i <= #v do
     local ol = pbyte(v, i)
     local j = i + 1 + ol
-    local mend = j + 23 + 11 * pbyte(v, j + 22)
-    out[#out + 1] = {owner = psub(v, i + 1, j - 1), exp = pnum(v, j + 12, 6), raw = psub(v, i, mend - 1)}
+    local nm = pbyte(v, j + 22)
+    local conf = nm >= CONFIRMED
+    if conf then nm = nm - CONFIRMED end
+    local mend = j + 23 + 11 * nm
+    out[#out + 1] = {owner = psub(v, i + 1, j - 1), exp = pnum(v, j + 12, 6), conf = conf, raw = psub(v, i, mend - 1)}
     i = mend
   end
   return out
@@ -72,7 +83,7 @@ end
 
 local function pencode(r)
   return pchar(#r.owner) .. r.owner .. penc(r.start, 6) .. penc(r.due, 6) .. penc(r.exp, 6) ..
-    penc(r.span, 4) .. pchar(#r.marks / 11) .. r.marks
+    penc(r.span, 4) .. pchar(#r.marks / 11 + (r.conf and CONFIRMED or 0)) .. r.marks
 end
 
 local function pstore(LOAD, R, recs)
@@ -90,7 +101,8 @@ end
 -- perUs µs a block (at most maxDue ms), expiring graceMs later
 -- (kvroute.PredictPlan.Timing). Expired records are dropped, a record of
 -- the same owner replaced, and a full list (maxN) drops the record that
--- expires first. Returns the records dropped unconfirmed.
+-- expires first. Returns the records dropped unconfirmed (a confirmed
+-- one came true: its end is no phantom).
 local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, marks, maxN, known)
   -- known is R's field as the caller already read it in this script
   -- (false: absent), or nil to read it here.
@@ -101,7 +113,7 @@ local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, m
   for k = 1, #recs do
     local r = recs[k]
     if r.exp <= now then
-      expired = expired + 1
+      if not r.conf then expired = expired + 1 end
     elseif r.owner ~= owner then
       kept[#kept + 1] = r
     end
@@ -111,8 +123,8 @@ local function predictWrite(LOAD, R, owner, now, span, perUs, graceMs, maxDue, m
     for k = 2, #kept do
       if kept[k].exp < kept[first].exp then first = k end
     end
+    if not kept[first].conf then expired = expired + 1 end
     table.remove(kept, first)
-    expired = expired + 1
   end
   local due = math.min(pfloor(span * perUs / 1000), maxDue)
   local r = {owner = owner, start = now, due = now + due, exp = now + due + graceMs, span = span, marks = marks}
@@ -186,51 +198,67 @@ local function predictFound(LOAD, reps, marks, now)
   return out, read
 end
 
--- predictEnd applies an event batch to R's records: a record whose
--- deepest mark is among stored (a set of router keys stored on GPU) is
--- confirmed, one with any mark among removed is evicted, and clear ends
--- them all (evicted). Returns {confirmed, evicted}.
-local function predictEnd(LOAD, R, stored, removed, clear)
+-- pdue makes r due at now (its prefill has run), if it was due later, and
+-- expiring as much sooner: its grace (expiry less due) after now.
+local function pdue(r, now)
+  if r.due <= now then return false end
+  local due = math.max(now, r.start)
+  r.exp = r.exp - (r.due - due)
+  r.due = due
+  return true
+end
+
+-- predictEnd applies an event batch, applied at now (ms), to R's records:
+-- a record whose deepest mark is among stored (a set of router keys
+-- stored on GPU) is confirmed, one with any mark among removed is
+-- evicted, and clear ends them all. A confirmed record is due now and
+-- stays until its grace has passed (CONFIRMED): a decision that looked up
+-- before this batch and books after it would otherwise find the chain
+-- neither in its lookup's index nor predicted, and book another replica
+-- cold (a burst on a busy machine split over two replicas this way).
+-- Returns {confirmed, evicted}; a confirmed record that ends later is not
+-- counted again (its fate was to come true).
+local function predictEnd(LOAD, R, stored, removed, clear, now)
   local v = redis.call('HGET', LOAD, R .. '#p')
   if not v then return {0, 0} end
   local recs = pdecode(v)
-  if clear then
-    redis.call('HDEL', LOAD, R .. '#p')
-    return {0, #recs}
-  end
   local kept, conf, ev = {}, 0, 0
   for k = 1, #recs do
     local r = recs[k]
-    local gone = false
-    if stored[r.last] then
-      conf, gone = conf + 1, true
-    else
+    local gone = clear
+    if not gone and stored[r.last] then
+      if not r.conf then
+        conf, r.conf = conf + 1, true
+        pdue(r, now)
+        r.raw = pencode(r)
+      end
+    elseif not gone then
       for m = 1, #r.marks, 11 do
         if removed[psub(r.marks, m + 3, m + 10)] then
-          ev, gone = ev + 1, true
+          gone = true
           break
         end
       end
     end
-    if not gone then kept[#kept + 1] = r end
+    if not gone then
+      kept[#kept + 1] = r
+    elseif not r.conf then
+      ev = ev + 1
+    end
   end
-  if conf + ev > 0 then pstore(LOAD, R, kept) end
+  if #kept < #recs or conf > 0 then pstore(LOAD, R, kept) end
   return {conf, ev}
 end
 
 -- predictAdvance makes owner's record on R due at now (its first token
--- came: its prefill has run), if it was due later, and expiring as much
--- sooner: its grace (expiry less due) after now.
+-- came: its prefill has run), as pdue does.
 local function predictAdvance(LOAD, R, owner, now)
   local v = redis.call('HGET', LOAD, R .. '#p')
   if not v or not string.find(v, owner, 1, true) then return end
   local recs = pdecode(v)
   for k = 1, #recs do
     local r = recs[k]
-    if r.owner == owner and r.due > now then
-      local due = math.max(now, r.start)
-      r.exp = r.exp - (r.due - due)
-      r.due = due
+    if r.owner == owner and pdue(r, now) then
       r.raw = pencode(r)
       pstore(LOAD, R, recs)
       return
@@ -239,13 +267,15 @@ local function predictAdvance(LOAD, R, owner, now)
 end
 
 -- predictWithdraw drops owner's record on R (its request ended before its
--- first token: its prefill may never run). Returns 1 if there was one.
+-- first token: its prefill may never run), unless it is confirmed (it
+-- ran). Returns 1 if there was one to drop.
 local function predictWithdraw(LOAD, R, owner)
   local v = redis.call('HGET', LOAD, R .. '#p')
   if not v or not string.find(v, owner, 1, true) then return 0 end
   local recs = pscan(v)
   for k = 1, #recs do
     if recs[k].owner == owner then
+      if recs[k].conf then return 0 end
       table.remove(recs, k)
       pstore(LOAD, R, recs)
       return 1

@@ -16,8 +16,10 @@
 -- books (predict.lua), due when that replica's booked prefill, its own
 -- included, has run. It first credits each choice with a prediction
 -- written there since the caller's lookup (predictFound: a burst's
--- decisions all look up before any books), when that is worth more than
--- what the caller scored.
+-- decisions all look up before any books), or confirmed since (a lookup
+-- leaves a confirmed record to the index, but this caller's lookup may
+-- have read the index before the confirming event), when that is worth
+-- more than what the caller scored.
 -- admit ('1:<now ms>': under admission by the caller's clock, admit.lua, prepended) books only a choice
 -- with room and only when nothing is queued before the request, unless
 -- the request holds a seat, which the booking then takes.
