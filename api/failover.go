@@ -129,7 +129,7 @@ func (p *proxyRequest) failover(ctx context.Context, cause error) (*url.URL, boo
 		s.log.WarnContext(ctx, "proxy: no replica to fail over to", "failed", failed, "err", err)
 		return nil, false
 	}
-	t := &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(ctx)}
+	t := newTracker(ctx, s, d.RequestID)
 	target, err := replicaTarget(d.Replica)
 	if err != nil || p.tried[d.Replica.ID] {
 		// Every other replica is suspect as well: the router fell back

@@ -41,10 +41,17 @@ type option func(*api.Config)
 func newHarness(tb testing.TB, replicas []kvroute.Replica, opts ...option) *harness {
 	tb.Helper()
 	mem := mock.NewMemory(replicas...)
+	return harnessOver(tb, mem, mem.Index(), opts...)
+}
+
+// harnessOver is newHarness over mem with the router reading idx (mem's
+// Index, some of its functions wrapped by the test).
+func harnessOver(tb testing.TB, mem *mock.Memory, idx *mock.Index, opts ...option) *harness {
+	tb.Helper()
 	// One registry for the router and the admin endpoints, as the store
 	// is both in production.
 	reg := mem.Registry()
-	rt, err := router.New(mem.Index(), reg, router.DefaultConfig(), router.Options{Rand: mrand.New(mrand.NewPCG(1, 2))})
+	rt, err := router.New(idx, reg, router.DefaultConfig(), router.Options{Rand: mrand.New(mrand.NewPCG(1, 2))})
 	if err != nil {
 		tb.Fatal(err)
 	}

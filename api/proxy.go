@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -216,7 +217,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, body []byte, oa
 	defer pspan.End()
 	r = r.WithContext(pctx)
 	p := &proxyRequest{s: s, w: w, in: r, req: req, d: d, span: pspan, tried: map[string]bool{d.Replica.ID: true},
-		t: &tracker{s: s, id: d.RequestID, ctx: context.WithoutCancel(r.Context())}}
+		t: newTracker(r.Context(), s, d.RequestID)}
 	var err error
 	if p.target, err = replicaTarget(d.Replica); err == nil {
 		p.fw, err = s.forwardBody(body, oa, req, d, text)
@@ -442,12 +443,34 @@ func (s *Server) forwardBody(body []byte, oa *openAIRequest, req router.Request,
 }
 
 // tracker reports one proxied request's progress to the router. Release
-// happens exactly once whichever way the response ends.
+// happens exactly once whichever way the response ends, and after the
+// first-token report when one was started: a non-streaming answer's
+// first bytes and its end arrive together, and a release the store saw
+// first would take the request for one that ended before its prefill
+// (withdrawing its predicted entry, which the index may not yet replace).
 type tracker struct {
 	s    *Server
 	id   string
 	ctx  context.Context
 	once sync.Once
+	// reported is closed once the first-token report is made; started
+	// says one was begun (release waits only then).
+	started  atomic.Bool
+	reported chan struct{}
+}
+
+func newTracker(ctx context.Context, s *Server, id string) *tracker {
+	return &tracker{s: s, id: id, ctx: context.WithoutCancel(ctx), reported: make(chan struct{})}
+}
+
+// startFirstToken reports the first token off the caller's path: the
+// client's first byte must not wait for a store round trip.
+func (t *tracker) startFirstToken() {
+	t.started.Store(true)
+	go func() {
+		defer close(t.reported)
+		t.firstToken()
+	}()
 }
 
 func (t *tracker) firstToken() {
@@ -464,6 +487,12 @@ func (t *tracker) release() {
 	t.once.Do(func() {
 		ctx, cancel := context.WithTimeout(t.ctx, progressTimeout)
 		defer cancel()
+		if t.started.Load() {
+			select {
+			case <-t.reported:
+			case <-ctx.Done():
+			}
+		}
 		if _, err := t.s.rt.Release(ctx, t.id); err != nil && !errors.Is(err, router.ErrQueued) {
 			// The lease expires on its own; the load is over-counted
 			// until then, not leaked.
@@ -487,9 +516,7 @@ func (b *progressBody) Read(p []byte) (int, error) {
 	if n > 0 && !b.seen {
 		b.seen = true
 		if b.ok {
-			// Off the stream's path: the client's first byte must not
-			// wait for a store round trip.
-			go b.t.firstToken()
+			b.t.startFirstToken()
 		}
 	}
 	if err != nil {

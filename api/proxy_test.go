@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/api"
+	"github.com/kvroute/kvroute/internal/mock"
 	"github.com/kvroute/kvroute/internal/wait"
 )
 
@@ -157,6 +159,47 @@ func TestProxyStreaming(t *testing.T) {
 			t.Errorf("load after the stream = %+v, want zero", l)
 		}
 	})
+}
+
+// TestProxyReleaseAfterFirstToken: a non-streaming answer's first bytes
+// and its end reach the proxy together. The first-token report, made off
+// the answer's path, must still reach the store before the release, or
+// the store takes the request for one that ended before its prefill ran
+// (and withdraws the prediction its booking wrote). The report here is
+// held until the replica has sent its whole answer, when the release is
+// due.
+func TestProxyReleaseAfterFirstToken(t *testing.T) {
+	sent := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"text":"hi"}]}`)
+		w.(http.Flusher).Flush()
+		close(sent)
+	}))
+	t.Cleanup(up.Close)
+	mem := mock.NewMemory(kvroute.Replica{ID: "r0", Model: "m", URL: up.URL})
+	idx := mem.Index()
+	advance := idx.AdvanceFn
+	idx.AdvanceFn = func(ctx context.Context, id string) (bool, error) {
+		<-sent
+		return advance(ctx, id)
+	}
+	h := harnessOver(t, mem, idx)
+	status, hdr, raw := h.post(t, "/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`)
+	if status != http.StatusOK {
+		t.Fatalf("got %d %s, want 200", status, raw)
+	}
+	id := hdr.Get(api.HeaderRequestID)
+	var calls []string
+	wait.Until(t, "the release reaches the store", func() bool {
+		calls = h.store.Calls()
+		return slices.Contains(calls, "release "+id)
+	})
+	adv, rel := slices.Index(calls, "advance "+id), slices.Index(calls, "release "+id)
+	if adv < 0 || adv > rel {
+		t.Errorf("calls %v: got the first token at %d and the release at %d, want the first token first", calls, adv, rel)
+	}
 }
 
 func TestProxy(t *testing.T) {
