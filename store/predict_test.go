@@ -31,6 +31,17 @@ func predictions(t *testing.T, e *env, r string) []kvroute.Prediction {
 	return p[0]
 }
 
+// countPredictions has e's store count prediction outcomes into the
+// reader it returns (read with predictCounts).
+func countPredictions(t *testing.T, e *env) *metric.ManualReader {
+	t.Helper()
+	rd := metric.NewManualReader()
+	if err := e.s.CountPredictions(metric.NewMeterProvider(metric.WithReader(rd))); err != nil {
+		t.Fatal(err)
+	}
+	return rd
+}
+
 // predictCounts reads kvroute_predictions_total by outcome.
 func predictCounts(t *testing.T, rd *metric.ManualReader) map[string]int64 {
 	t.Helper()
@@ -59,10 +70,7 @@ func predictCounts(t *testing.T, rd *metric.ManualReader) map[string]int64 {
 func TestPredictions(t *testing.T) {
 	forBackends(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		rd := metric.NewManualReader()
-		if err := e.s.CountPredictions(metric.NewMeterProvider(metric.WithReader(rd))); err != nil {
-			t.Fatal(err)
-		}
+		rd := countPredictions(t, e)
 		keys := chain(rand.New(rand.NewPCG(1, 2)), 40)
 		exp := e.clk.Now().Add(time.Minute)
 		t.Run("a booking writes it, due when the replica's prefill has run", func(t *testing.T) {
@@ -253,10 +261,7 @@ func TestBurstFindsPredictions(t *testing.T) {
 func TestConfirmedPredictionBridges(t *testing.T) {
 	forBackends(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		rd := metric.NewManualReader()
-		if err := e.s.CountPredictions(metric.NewMeterProvider(metric.WithReader(rd))); err != nil {
-			t.Fatal(err)
-		}
+		rd := countPredictions(t, e)
 		shared := chain(rand.New(rand.NewPCG(7, 8)), 60)
 		exp := e.clk.Now().Add(time.Minute)
 		const blocks = 62
