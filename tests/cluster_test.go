@@ -212,6 +212,7 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 		results []result
 		errs    = map[string]int{}
 		back    time.Time // when the primary was back
+		downAt  time.Time // when it went down
 	)
 	done := make(chan struct{})
 	restartFailed := make(chan struct{})
@@ -236,6 +237,9 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 		case <-flowing:
 		case <-stopped:
 		}
+		mu.Lock()
+		downAt = time.Now()
+		mu.Unlock()
 		down(faulty)
 		select {
 		case <-bitten:
@@ -319,6 +323,10 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 			per[res.model]++
 		} else if !res.aware {
 			blind[res.model]++
+			// What a failure needs to be read: when, against the
+			// fault, and where it went.
+			t.Logf("cache-blind: %s at +%v from the fault (%v from its end): %s, %d matched",
+				res.model, res.at.Sub(downAt).Round(time.Millisecond), res.at.Sub(back).Round(time.Millisecond), res.replica, res.matched)
 		}
 		slowest[res.model] = max(slowest[res.model], res.took)
 	}
@@ -334,7 +342,8 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 	}
 	for _, m := range models {
 		if n := blind[m]; n > 0 {
-			t.Errorf("%s: %d decisions answered as cache-aware went elsewhere than the prefix's holder (its bookings or releases went astray)", m, n)
+			loads, lerr := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
+			t.Errorf("%s: %d decisions answered as cache-aware went elsewhere than the prefix's holder (its bookings or releases went astray); loads r0, r1 now: %+v %v", m, n, loads, lerr)
 		}
 	}
 	switch target {
