@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -18,6 +19,12 @@ import (
 // older than the longest lease could live. A lease that is never
 // released still expires on its own: the queue only makes the load view
 // right sooner.
+//
+// The retry comes when the report's back-off window closes, the moment
+// decisions try the store again, not on a tick of its own: a released
+// booking still in the store loads its replica, and every decision made
+// between the store's return and the release's landing weighs that load
+// (with an idle fleet, enough to send a prompt away from its holder).
 
 // ErrQueued says a progress report could not reach the store now and was
 // queued for retry; the caller may answer 202. It wraps
@@ -43,6 +50,9 @@ type report struct {
 type progressQueue struct {
 	mu      sync.Mutex
 	pending []report
+	// wake tells Run that the queue has something again (it sleeps
+	// otherwise); buffered, one signal.
+	wake chan struct{}
 	// inflight counts reports taken for a retry that has not finished.
 	inflight int
 	dropped  int
@@ -54,6 +64,12 @@ const maxQueued = 100_000
 
 func (q *progressQueue) push(r report) {
 	q.mu.Lock()
+	if len(q.pending) == 0 {
+		select {
+		case q.wake <- struct{}{}:
+		default:
+		}
+	}
 	if r.kind == reportRelease {
 		kept := q.pending[:0]
 		for _, p := range q.pending {
@@ -189,47 +205,76 @@ func (r *Router) Run(ctx context.Context) error {
 			_ = r.adm.run(ctx)
 		}()
 	}
-	retry := time.NewTicker(r.cfg.StoreBackoff)
+	retry := time.NewTimer(r.cfg.StoreBackoff)
 	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-retry.C:
+		case <-r.progress.wake:
 		}
-		reps := r.progress.take()
-		if len(reps) == 0 {
+		retry.Reset(r.retryQueued(ctx))
+	}
+}
+
+// retryFloor is the shortest wait between two retry passes, so that a
+// window closing as a pass ends does not spin the loop.
+const retryFloor = 10 * time.Millisecond
+
+// retryQueued sends every queued report whose domain is up and returns
+// how long to wait before the next pass: until the earliest window of a
+// report left queued closes, at most StoreBackoff (nothing queued: an
+// idle pass, in case a signal was missed).
+func (r *Router) retryQueued(ctx context.Context) time.Duration {
+	reps := r.progress.take()
+	horizon := r.now().Add(-r.maxLease())
+	var back []report
+	for _, rep := range reps {
+		if rep.at.Before(horizon) {
+			r.progress.settle(1)
+			continue // the lease has expired by now
+		}
+		// A report whose domain is still down goes back, in order,
+		// unsent; the others go on: one shard's outage must not hold up
+		// the reports of models on the shards that answer.
+		w := r.reportWindow(rep.id)
+		if r.isDown(w) {
+			back = append(back, rep)
 			continue
 		}
-		horizon := r.now().Add(-r.maxLease())
-		var back []report
-		for _, rep := range reps {
-			if rep.at.Before(horizon) {
-				r.progress.settle(1)
-				continue // the lease has expired by now
-			}
-			// A report whose domain is still down goes back, in order,
-			// unsent; the others go on: one shard's outage must not
-			// hold up the reports of models on the shards that answer.
-			w := r.reportWindow(rep.id)
-			if r.isDown(w) {
-				back = append(back, rep)
-				continue
-			}
-			if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
-				r.markDown(w)
-				back = append(back, rep)
-				continue
-			} else if err != nil && ctx.Err() == nil {
-				r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
-			}
-			r.progress.settle(1)
+		if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
+			r.markDown(w)
+			back = append(back, rep)
+			continue
+		} else if err != nil && ctx.Err() == nil {
+			r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
 		}
-		// Requeued before they stop counting as in flight, so that
-		// Queued never says they have landed.
-		r.progress.requeue(back)
-		r.progress.settle(len(back))
+		r.progress.settle(1)
 	}
+	// Requeued before they stop counting as in flight, so that Queued
+	// never says they have landed.
+	r.progress.requeue(back)
+	r.progress.settle(len(back))
+	return r.nextRetry(back)
+}
+
+// nextRetry is how long until the first of back's windows closes, within
+// [retryFloor, StoreBackoff]. Reports queued during the pass woke Run
+// already (push), and wait for a pass of their own.
+func (r *Router) nextRetry(back []report) time.Duration {
+	next := r.cfg.StoreBackoff
+	now := r.now().UnixNano()
+	seen := map[*atomic.Int64]bool{}
+	for _, rep := range back {
+		w := r.reportWindow(rep.id)
+		if seen[w] {
+			continue
+		}
+		seen[w] = true
+		next = min(next, time.Duration(w.Load()-now))
+	}
+	return max(next, min(retryFloor, r.cfg.StoreBackoff))
 }
 
 func (r *Router) maxLease() time.Duration {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,4 +51,60 @@ func TestQueuedCountsRetries(t *testing.T) {
 	}
 	close(unblock)
 	wait.Until(t, "the queue empty after the retry was let through", func() bool { return rt.Queued() == 0 })
+}
+
+// TestQueuedRetriedWhenWindowCloses: a queued report is retried as soon
+// as its back-off window has closed, not on a tick of its own. Until it
+// lands, the released booking still loads its replica for every pod's
+// decisions; a tick out of phase with the window let decisions weigh it
+// for up to a StoreBackoff after the store was back. StoreBackoff is half
+// an hour here (inside the longest lease, past which a report is
+// dropped), so that only a retry that follows the window can land.
+func TestQueuedRetriedWhenWindowCloses(t *testing.T) {
+	mem := mock.NewMemory(fleet(1, true)...)
+	idx := mem.Index()
+	var mu sync.Mutex
+	now, down := time.Unix(1_000_000, 0), true
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	delivered := make(chan string, 1)
+	idx.ReleaseFn = func(ctx context.Context, id string) (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return false, kvroute.ErrUnavailable
+		}
+		delivered <- id
+		return true, nil
+	}
+	cfg := router.DefaultConfig()
+	cfg.StoreBackoff = 30 * time.Minute
+	rt, err := router.New(idx, mem.Registry(), cfg, router.Options{Rand: rand.New(rand.NewPCG(1, 1)), Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Release(context.Background(), "q.bQ"); !errors.Is(err, router.ErrQueued) {
+		t.Fatalf("release with the store down = %v, want ErrQueued", err)
+	}
+	// The store is back and the window has closed by the time the retry
+	// loop looks.
+	mu.Lock()
+	now, down = now.Add(cfg.StoreBackoff+time.Second), false
+	mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = rt.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+	wait.Until(t, "the queue empty after the retry", func() bool { return rt.Queued() == 0 })
+	select {
+	case got := <-delivered:
+		if got != "q.bQ" {
+			t.Errorf("delivered %q, want q.bQ", got)
+		}
+	default:
+		t.Error("the queue emptied without delivering the release")
+	}
 }

@@ -238,7 +238,7 @@ func New(idx Index, reg Registry, cfg Config, opt Options) (*Router, error) {
 		}
 	}
 	r := &Router{idx: idx, reg: reg, cfg: cfg, now: opt.Now, log: opt.Logger, newID: opt.NewID, rng: opt.Rand, onReset: opt.OnStoreReset,
-		tracer: newTracer(opt.TracerProvider), domains: domainsOf(idx)}
+		tracer: newTracer(opt.TracerProvider), domains: domainsOf(idx), progress: progressQueue{wake: make(chan struct{}, 1)}}
 	if cfg.Admission.Enabled {
 		if err := r.admitWith(opt); err != nil {
 			return nil, err
