@@ -230,6 +230,10 @@ func (r *Router) retryQueued(ctx context.Context) time.Duration {
 	reps := r.progress.take()
 	horizon := r.now().Add(-r.maxLease())
 	var back []report
+	// The windows of what goes back, read when the pass ends (a failed
+	// send during it extends its window): the next pass comes as the
+	// first of them closes. Domains are few.
+	held := map[*atomic.Int64]bool{}
 	for _, rep := range reps {
 		if rep.at.Before(horizon) {
 			r.progress.settle(1)
@@ -240,12 +244,12 @@ func (r *Router) retryQueued(ctx context.Context) time.Duration {
 		// the reports of models on the shards that answer.
 		w := r.reportWindow(rep.id)
 		if r.isDown(w) {
-			back = append(back, rep)
+			back, held[w] = append(back, rep), true
 			continue
 		}
 		if _, err := r.send(ctx, rep); errors.Is(err, kvroute.ErrUnavailable) {
 			r.markDown(w)
-			back = append(back, rep)
+			back, held[w] = append(back, rep), true
 			continue
 		} else if err != nil && ctx.Err() == nil {
 			r.log.Warn("progress report failed", "request_id", rep.id, "err", err)
@@ -256,22 +260,16 @@ func (r *Router) retryQueued(ctx context.Context) time.Duration {
 	// never says they have landed.
 	r.progress.requeue(back)
 	r.progress.settle(len(back))
-	return r.nextRetry(back)
+	return r.nextRetry(held)
 }
 
-// nextRetry is how long until the first of back's windows closes, within
+// nextRetry is how long until the first of windows closes, within
 // [retryFloor, StoreBackoff]. Reports queued during the pass woke Run
 // already (push), and wait for a pass of their own.
-func (r *Router) nextRetry(back []report) time.Duration {
+func (r *Router) nextRetry(windows map[*atomic.Int64]bool) time.Duration {
 	next := r.cfg.StoreBackoff
 	now := r.now().UnixNano()
-	seen := map[*atomic.Int64]bool{}
-	for _, rep := range back {
-		w := r.reportWindow(rep.id)
-		if seen[w] {
-			continue
-		}
-		seen[w] = true
+	for w := range windows {
 		next = min(next, time.Duration(w.Load()-now))
 	}
 	return max(next, min(retryFloor, r.cfg.StoreBackoff))
