@@ -352,10 +352,14 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 			t.Errorf("%s: slowest decision took %v, want well inside the 2 s request deadline", m, d)
 		}
 	}
+	// loadsNow is what a failure message shows of a model's two replicas.
+	loadsNow := func(m string) string {
+		loads, err := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
+		return fmt.Sprintf("%+v %v", loads, err)
+	}
 	for _, m := range models {
 		if n := blind[m]; n > 0 {
-			loads, lerr := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
-			t.Errorf("%s: %d decisions answered as cache-aware went elsewhere than the prefix's holder (its bookings or releases went astray); loads r0, r1 now: %+v %v", m, n, loads, lerr)
+			t.Errorf("%s: %d decisions answered as cache-aware went elsewhere than the prefix's holder (its bookings or releases went astray); loads r0, r1 now: %s", m, n, loadsNow(m))
 		}
 	}
 	switch target {
@@ -379,9 +383,8 @@ func clusterFault(t *testing.T, c *redistest.RedisCluster, target, upVerb string
 					last = res
 				}
 			}
-			loads, lerr := st.Loads(ctx, m, []string{m + "-r0", m + "-r1"})
-			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (%s at %v); the last went to %s with %d matched (degraded %v); loads r0, r1: %+v %v",
-				m, upVerb, back.Format(time.StampMilli), last.replica, last.matched, last.degraded, loads, lerr)
+			t.Errorf("%s: no cache-aware decision within 40 s of traffic after the primary came back (%s at %v); the last went to %s with %d matched (degraded %v); loads r0, r1: %s",
+				m, upVerb, back.Format(time.StampMilli), last.replica, last.matched, last.degraded, loadsNow(m))
 			continue
 		}
 		t.Logf("%s: cache-aware again %v after the primary was %s", m, at.Sub(back).Round(time.Millisecond), upVerb)
